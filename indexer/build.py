@@ -1,0 +1,233 @@
+"""Incremental, atomic index builds from an image folder.
+
+A build scans the folder, compares it with the index's image table, embeds only new and changed files,
+removes deleted ones, and publishes one new index version (``regis.indexes.writer``). An unchanged folder
+costs only the scan (no new version). Unreadable files are skipped and listed in the report; they never
+stop the build. Image ids stay stable: a changed file keeps its id.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from torch.utils.data import DataLoader
+
+from indexer.dataset import ImageFileDataset, collate_items
+from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
+from regis.errors import ConfigError
+from regis.images.decode import DEFAULT_MAX_PIXELS
+from regis.indexes.table import ImageRecord
+from regis.indexes.writer import IndexWriter
+from regis.models.encoder import RegisEncoder
+from regis.models.transforms import eval_transform
+
+ProgressFn = Callable[[dict], None]
+
+
+@dataclass
+class BuildOptions:
+    """Knobs of a build.
+
+    Attributes:
+        batch_size: images per encoder forward pass.
+        num_workers: DataLoader decoding processes; None = min(4, CPUs), 0 = decode in the main process.
+        faiss_spec: FAISS factory spec for the token index; None lets regis choose by size.
+        nprobe: default IVF probes stored in the manifest.
+        max_pixels: decompression-bomb limit per image, pixels.
+        draft: let the JPEG decoder downscale large photos while decoding (faster, same tokens up to resampling).
+        progress: show a tqdm progress bar (images/s) on stderr.
+        on_progress: called after each batch with {"done", "total", "skipped", "images_per_s"}.
+        lock_timeout_s: wait this long for another writer of the same index.
+    """
+
+    batch_size: int = 32
+    num_workers: int | None = None
+    faiss_spec: str | None = None
+    nprobe: int | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    draft: bool = True
+    progress: bool = True
+    on_progress: ProgressFn | None = None
+    lock_timeout_s: float = 0.0
+
+
+@dataclass
+class BuildReport:
+    """What a build did. Times in seconds; ``images_per_s`` counts embedded images over the embedding time.
+
+    ``skipped`` lists {"path", "reason"} of files that could not be indexed.
+    """
+
+    images_root: str
+    index_dir: str
+    version: int | None = None
+    scanned: int = 0
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    touched: int = 0
+    deleted: int = 0
+    skipped: list[dict] = field(default_factory=list)
+    scan_s: float = 0.0
+    embed_s: float = 0.0
+    encode_s: float = 0.0
+    write_s: float = 0.0
+    total_s: float = 0.0
+    images_per_s: float = 0.0
+
+    def to_json(self) -> dict:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def _default_workers(n_images: int, batch_size: int) -> int:
+    if n_images < 2 * batch_size:
+        return 0
+    return max(0, min(4, (os.cpu_count() or 1)))
+
+
+def _split_modified(modified: list[tuple[FileEntry, ImageRecord]]) -> tuple[list, list]:
+    """(really changed (entry, record), touched records with new size/mtime but the same bytes)."""
+    if not modified:
+        return [], []
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        hashes = list(pool.map(lambda pair: _safe_sha(pair[0].abspath), modified))
+    changed, touched = [], []
+    for (entry, rec), sha in zip(modified, hashes, strict=True):
+        if sha is not None and sha == rec.sha256:
+            touched.append(ImageRecord(rec.id, rec.path, rec.sha256, rec.width, rec.height, entry.bytes, entry.mtime,
+                                       rec.metadata))
+        else:
+            changed.append((entry, rec))
+    return changed, touched
+
+
+def _safe_sha(path: Path) -> str | None:
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None
+
+
+def _embed(
+    writer: IndexWriter,
+    encoder: RegisEncoder,
+    jobs: list[tuple[FileEntry, int, dict]],
+    options: BuildOptions,
+    report: BuildReport,
+) -> list[int]:
+    """Embed ``jobs`` (entry, image id, metadata) and put them in the writer; returns ids that failed."""
+    cfg = encoder.config
+    dataset = ImageFileDataset(
+        [e.abspath for e, _, _ in jobs], eval_transform(cfg), options.max_pixels,
+        draft_size=cfg.resize_size if options.draft else None,
+    )
+    workers = options.num_workers
+    if workers is None:
+        workers = _default_workers(len(jobs), options.batch_size)
+    loader = DataLoader(dataset, batch_size=options.batch_size, num_workers=workers, collate_fn=collate_items)
+    bar = None
+    if options.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), unit="img", desc="embedding", dynamic_ncols=True)
+    failed_ids: list[int] = []
+    done = 0
+    t_start = time.perf_counter()
+    try:
+        for batch in loader:
+            for item in batch["failed"]:
+                entry, image_id, _ = jobs[item["index"]]
+                report.skipped.append({"path": entry.path, "reason": item["error"]})
+                failed_ids.append(image_id)
+            if batch["tensors"] is not None:
+                t0 = time.perf_counter()
+                tokens = encoder.encode(batch["tensors"]).cpu().numpy()
+                report.encode_s += time.perf_counter() - t0
+                records = []
+                for item in batch["ok"]:
+                    entry, image_id, meta = jobs[item["index"]]
+                    records.append(ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"],
+                                               item["bytes"], entry.mtime, meta))
+                writer.put(records, tokens)
+            done += len(batch["ok"]) + len(batch["failed"])
+            elapsed = time.perf_counter() - t_start
+            if bar is not None:
+                bar.update(len(batch["ok"]) + len(batch["failed"]))
+                bar.set_postfix(skipped=len(report.skipped))
+            if options.on_progress is not None:
+                options.on_progress({"done": done, "total": len(jobs), "skipped": len(report.skipped),
+                                     "images_per_s": done / elapsed if elapsed > 0 else 0.0})
+    finally:
+        if bar is not None:
+            bar.close()
+    report.embed_s = time.perf_counter() - t_start
+    return failed_ids
+
+
+def build_index(
+    images_dir: Path | str,
+    index_dir: Path | str,
+    encoder: RegisEncoder,
+    options: BuildOptions | None = None,
+) -> BuildReport:
+    """Create or incrementally update the index in ``index_dir`` from the images below ``images_dir``.
+
+    Args:
+        images_dir: the folder to index (walked recursively).
+        index_dir: the index directory (created if missing). May lie inside ``images_dir``; it is not scanned.
+        encoder: the encoder; must match an existing index's encoder config and weights.
+        options: build options.
+
+    Returns:
+        The build report (also saved as ``build_report.json`` in the new version, when there is one).
+
+    Raises:
+        ConfigError: ``images_dir`` is not a folder.
+        IndexMismatchError: the index was built with another encoder.
+        IndexLockedError: another build holds the index.
+    """
+    options = options or BuildOptions()
+    if options.batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {options.batch_size}")
+    root = Path(images_dir).expanduser().resolve()
+    if not root.is_dir():
+        raise ConfigError(f"image folder {root} does not exist or is not a directory")
+    index_path = Path(index_dir).expanduser().resolve()
+    t_total = time.perf_counter()
+    report = BuildReport(images_root=str(root), index_dir=str(index_path))
+    with IndexWriter(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
+                     nprobe=options.nprobe, images_root=str(root), lock_timeout_s=options.lock_timeout_s) as writer:
+        t0 = time.perf_counter()
+        entries = scan_folder(root, exclude=(index_path,))
+        plan = plan_changes(entries, writer.table.by_path())
+        changed, touched = _split_modified(plan.modified)
+        report.scan_s = time.perf_counter() - t0
+        report.scanned = len(entries)
+        report.unchanged = len(plan.unchanged)
+        report.touched = len(touched)
+        new_ids = writer.allocate_ids(len(plan.new))
+        jobs = [(e, int(i), {}) for e, i in zip(plan.new, new_ids, strict=True)]
+        jobs += [(e, rec.id, rec.metadata) for e, rec in changed]
+        failed = set(_embed(writer, encoder, jobs, options, report)) if jobs else set()
+        report.added = sum(1 for _, i, _ in jobs[: len(plan.new)] if i not in failed)
+        report.updated = sum(1 for _, i, _ in jobs[len(plan.new) :] if i not in failed)
+        # A changed file that no longer decodes leaves the index, like a deleted one.
+        gone = [rec.id for rec in plan.deleted] + [rec.id for _, rec in changed if rec.id in failed]
+        writer.delete(gone)
+        writer.update_records(touched)
+        report.deleted = len(plan.deleted)
+        t0 = time.perf_counter()
+        report.images_per_s = (report.added + report.updated) / report.embed_s if report.embed_s > 0 else 0.0
+        report.total_s = time.perf_counter() - t_total
+        manifest = writer.commit(report.to_json())
+        report.write_s = time.perf_counter() - t0
+        report.version = manifest.version if manifest else None
+    report.total_s = time.perf_counter() - t_total
+    return report
+

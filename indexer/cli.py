@@ -1,0 +1,66 @@
+"""``regis index build`` and ``regis index info``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from regis.cli.options import Backbone, CueMethod, Device, RandomInit, RoiSize, Weights
+
+app = typer.Typer(help="Build and inspect indexes.", no_args_is_help=True)
+
+
+@app.command("build")
+def build(
+    images_dir: Annotated[Path, typer.Argument(help="Folder of images (walked recursively).")],
+    index: Annotated[Path, typer.Option("--index", "-i", help="Index directory (created or updated).")],
+    backbone: Backbone = None,
+    weights: Weights = None,
+    random_init: RandomInit = False,
+    roi_size: RoiSize = None,
+    cue_method: CueMethod = None,
+    device: Device = "cpu",
+    faiss_index: Annotated[
+        str | None, typer.Option("--faiss-index", help="FAISS factory spec (e.g. Flat, IVF1024,SQ8); default by size.")
+    ] = None,
+    nprobe: Annotated[int | None, typer.Option("--nprobe", help="Default IVF lists probed per query token.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 32,
+    workers: Annotated[int | None, typer.Option("--workers", help="Decoding processes (default min(4, CPUs)).")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the build report as JSON.")] = False,
+) -> None:
+    """Index a folder, or update an index incrementally: new and changed files are embedded, deleted ones
+    removed; ids stay stable. Unreadable files are skipped and listed."""
+    from indexer.build import BuildOptions, build_index
+    from regis.cli.options import encoder_for
+
+    encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
+    options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
+                           progress=progress)
+    report = build_index(images_dir, index, encoder, options)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+        return
+    version = f"version {report.version}" if report.version else "no change, index kept as it was"
+    typer.echo(
+        f"{report.scanned} files scanned: {report.added} added, {report.updated} updated, {report.deleted} deleted, "
+        f"{report.unchanged + report.touched} unchanged, {len(report.skipped)} skipped; {version}; "
+        f"{report.total_s:.1f} s ({report.images_per_s:.1f} images/s embedding)"
+    )
+    for item in report.skipped:
+        typer.echo(f"  skipped {item['path']}: {item['reason']}", err=True)
+
+
+@app.command("info")
+def info(index: Annotated[Path, typer.Argument(help="Index directory.")]) -> None:
+    """Print the manifest of an index's live version."""
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index)
+    try:
+        typer.echo(json.dumps(snap.manifest.to_json(), indent=2))
+    finally:
+        snap.close()

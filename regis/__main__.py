@@ -1,0 +1,5 @@
+"""``python -m regis`` runs the CLI."""
+
+from regis.cli import main
+
+main()

@@ -1,0 +1,98 @@
+"""Root of the ``regis`` CLI: ``regis index ...``, ``regis search``, ``regis serve``, ``regis train ...``,
+``regis eval``, ``regis photos``, ``regis backbones``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from indexer.cli import app as index_app
+from regis.cli.options import Device, Weights
+from regis.errors import RegisError
+from service.cli import serve
+from training.cli import register as register_training
+
+app = typer.Typer(
+    name="regis",
+    help="Multi-vector image retrieval: index folders of images, search them by example.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(index_app, name="index")
+app.command("serve")(serve)
+register_training(app)
+
+
+@app.command("backbones")
+def backbones() -> None:
+    """List the registered backbones."""
+    from regis.models.registry import list_backbones
+
+    for spec in list_backbones():
+        typer.echo(f"{spec.name:22s} {spec.kind:4s} weights={spec.default_weights:8s} {spec.description}")
+    typer.echo(f"{'timm:NAME':22s} vit  weights=hub      any timm ViT with register tokens (use --weights offline)")
+
+
+@app.command("photos")
+def photos(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to copy the photos into (created).")],
+) -> None:
+    """Copy the real photos that ship inside scikit-image, scikit-learn and matplotlib into a folder."""
+    from regis.data.sample_photos import collect_sample_photos
+
+    paths = collect_sample_photos(out_dir)
+    typer.echo(f"{len(paths)} photos in {out_dir}")
+
+
+@app.command("search")
+def search(
+    index_dir: Annotated[Path, typer.Argument(help="Index directory.")],
+    query_image: Annotated[Path, typer.Argument(help="Query image file.")],
+    k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
+    depth: Annotated[int, typer.Option("--depth", help="Candidates: FAISS neighbours per query token (k').")] = 64,
+    exact: Annotated[bool, typer.Option("--exact", help="Score every image exactly (slow; the oracle).")] = False,
+    weights: Weights = None,
+    device: Device = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Search an index with a query image; prints rank, score, id and path."""
+    from regis.retrieve.query import QueryEngine
+
+    engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device)
+    try:
+        result = engine.search_file(query_image, k=k, depth=depth, mode="exact" if exact else "ann")
+    finally:
+        engine.close()
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    for hit in result["results"]:
+        typer.echo(f"{hit['rank']:4d}  {hit['score']:8.4f}  id={hit['id']:<8d} {hit['path']}")
+    t = result["timings_ms"]
+    typer.echo(
+        f"version {result['index_version']}, {result['num_candidates']} candidates; ms: decode {t['decode']:.1f}, "
+        f"encode {t['encode']:.1f}, candidates {t['candidates']:.1f}, rerank {t['rerank']:.1f}",
+        err=True,
+    )
+
+
+def main() -> None:
+    """Entry point of the ``regis`` script: user errors print one line and exit with status 2."""
+    try:
+        code = app(standalone_mode=False)
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RegisError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,53 @@
+"""Command-line options shared by several commands, and the helpers that turn them into objects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Backbone = Annotated[
+    str | None,
+    typer.Option("--backbone", "-b", help="Backbone: dinov2-vits14-reg, efficientnet-lite0 (offline), "
+                 "vit-tiny-reg4-test, or timm:NAME. Default: the index's, else efficientnet-lite0."),
+]
+Weights = Annotated[
+    Path | None,
+    typer.Option("--weights", "-w", help="Weights: .safetensors or torch state dict, or a regis training run dir."),
+]
+RandomInit = Annotated[bool, typer.Option("--random-init", help="Random weights (tests only).")]
+RoiSize = Annotated[int | None, typer.Option("--roi-size", "-N", help="ROI window side N in patches (odd; default 3).")]
+CueMethod = Annotated[
+    str | None, typer.Option("--cue-method", help="CNN backbones: kmeans (default), attention or grid.")
+]
+Device = Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:1 ...")]
+
+
+def encoder_for(
+    index_dir: Path | None,
+    backbone: str | None,
+    weights: Path | None,
+    random_init: bool,
+    roi_size: int | None,
+    cue_method: str | None,
+    device: str,
+):
+    """The encoder a command should use.
+
+    With no encoder option given and an existing index: the index's own encoder (rebuilt from its manifest and
+    checked against its weights checksum). Otherwise: the encoder the options describe.
+    """
+    from regis.indexes.layout import VERSIONS_DIR, read_current
+    from regis.indexes.manifest import read_manifest
+    from regis.models.encoder import build_encoder, encoder_from_manifest
+
+    no_options = backbone is None and weights is None and not random_init and roi_size is None and cue_method is None
+    current = read_current(index_dir) if index_dir is not None and index_dir.is_dir() else None
+    if current is not None and (no_options or (weights is not None and backbone is None and roi_size is None)):
+        manifest = read_manifest(index_dir / VERSIONS_DIR / current)
+        return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device)
+    return build_encoder(
+        backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, roi_size=roi_size,
+        cue_method=cue_method, device=device,
+    )

@@ -1,0 +1,37 @@
+"""Exceptions shared by every regis subsystem.
+
+Each carries a message written for the user (a CLI prints it, the service returns it as JSON), so callers
+never need ``str()`` of an unexpected exception.
+"""
+
+
+class RegisError(Exception):
+    """Base class of every error regis raises on purpose."""
+
+
+class ConfigError(RegisError, ValueError):
+    """A parameter is out of range or inconsistent (e.g. an even ROI size, an unknown backbone)."""
+
+
+class WeightsError(RegisError):
+    """Backbone weights cannot be found, downloaded or loaded."""
+
+
+class ImageDecodeError(RegisError, ValueError):
+    """Bytes that are not a decodable image: empty, truncated, unknown format, too large, a decompression bomb."""
+
+
+class ImageTooLargeError(ImageDecodeError):
+    """An image over the pixel limit (a possible decompression bomb) or an upload over the byte limit."""
+
+
+class IndexFormatError(RegisError):
+    """An index directory is missing, corrupt, or of an unsupported format version."""
+
+
+class IndexMismatchError(RegisError):
+    """An index was built with another encoder configuration than the one asked to search or extend it."""
+
+
+class IndexLockedError(RegisError):
+    """Another process holds the write lock of an index directory."""

@@ -1,0 +1,143 @@
+"""The FAISS token index: every token vector of every live image, id = image_id * T + token_position.
+
+Metric: inner product (tokens are unit-norm, so it is cosine similarity). Small collections get an exact
+``Flat`` index; larger ones an IVF index whose spec is chosen from the size (``auto_spec``) unless the user
+gives one. Search parameters (``nprobe``, ``ef_search``) are passed per call through FAISS
+``SearchParameters`` objects and are never set on the shared index.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import ConfigError
+
+FLAT_MAX_IMAGES = 20_000  # up to this many images the exact Flat token index is used
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def auto_spec(num_images: int, tokens_per_image: int) -> str:
+    """The FAISS factory spec regis picks for a collection of ``num_images`` images.
+
+    Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},SQ8`` with nlist the power of two
+    nearest 4 * sqrt(token vectors), clamped to [256, 65536].
+    """
+    if num_images <= FLAT_MAX_IMAGES:
+        return "Flat"
+    n_vectors = max(1, num_images * tokens_per_image)
+    nlist = 2 ** round(math.log2(4 * math.sqrt(n_vectors)))
+    return f"IVF{min(max(nlist, 256), 65536)},SQ8"
+
+
+def new_index(spec: str, dim: int):
+    """An empty index for ``spec`` with inner-product metric, accepting explicit ids.
+
+    Index types without native id support (Flat, HNSW) are wrapped in ``IndexIDMap2``.
+
+    Raises:
+        ConfigError: FAISS cannot parse ``spec``.
+    """
+    faiss = _faiss()
+    try:
+        index = faiss.index_factory(int(dim), spec, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise ConfigError(f"FAISS cannot build an index from spec {spec!r}") from exc
+    if faiss.try_extract_index_ivf(index) is None:
+        index = faiss.IndexIDMap2(index)
+    return index
+
+
+def needs_training(index) -> bool:
+    """True when the index must be trained before vectors are added."""
+    return not index.is_trained
+
+
+def min_training_vectors(index) -> int:
+    """How many vectors training wants: 39 per IVF list (FAISS's own lower bound for k-means), else 0."""
+    ivf = _faiss().try_extract_index_ivf(index)
+    return 39 * ivf.nlist if ivf is not None else 0
+
+
+def token_ids(image_ids: np.ndarray, tokens_per_image: int) -> np.ndarray:
+    """(n * T,) int64 FAISS ids of the tokens of ``image_ids`` (n,): image_id * T + position."""
+    image_ids = np.asarray(image_ids, dtype=np.int64)
+    return (image_ids[:, None] * tokens_per_image + np.arange(tokens_per_image)[None, :]).reshape(-1)
+
+
+def add_tokens(index, image_ids: np.ndarray, tokens: np.ndarray) -> None:
+    """Add the tokens of ``image_ids``.
+
+    Args:
+        index: a trained index from ``new_index``.
+        image_ids: (n,) int64.
+        tokens: (n, T, D) float16 or float32.
+    """
+    n, t, d = tokens.shape
+    if n == 0:
+        return
+    vectors = np.ascontiguousarray(tokens.reshape(n * t, d), dtype=np.float32)
+    index.add_with_ids(vectors, token_ids(image_ids, t))
+
+
+def remove_images(index, image_ids: np.ndarray, tokens_per_image: int) -> int:
+    """Remove every token of ``image_ids``; returns the number of vectors removed.
+
+    Raises:
+        RuntimeError: the index type cannot remove (e.g. HNSW); callers rebuild instead.
+    """
+    if len(image_ids) == 0:
+        return 0
+    faiss = _faiss()
+    ids = token_ids(image_ids, tokens_per_image)
+    return int(index.remove_ids(faiss.IDSelectorBatch(ids)))
+
+
+def search_params(index, nprobe: int | None = None, ef_search: int | None = None):
+    """A per-call ``SearchParameters`` object for ``index`` (None when it has no knobs)."""
+    faiss = _faiss()
+    if faiss.try_extract_index_ivf(index) is not None:
+        return faiss.SearchParametersIVF(nprobe=int(nprobe)) if nprobe else None
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
+    if isinstance(inner, faiss.IndexHNSW) and ef_search:
+        return faiss.SearchParametersHNSW(efSearch=int(ef_search))
+    return None
+
+
+def search(index, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None):
+    """k nearest token vectors of each query vector.
+
+    Args:
+        index: a token index.
+        queries: (q, D) float32.
+        k: neighbours per query vector (>= 1).
+        nprobe: IVF lists to probe for this call only.
+        ef_search: HNSW search depth for this call only.
+
+    Returns:
+        scores (q, k) float32 inner products, ids (q, k) int64 token ids; -1 where fewer than k exist.
+    """
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    params = search_params(index, nprobe, ef_search)
+    if params is None:
+        return index.search(queries, int(k))
+    return index.search(queries, int(k), params=params)
+
+
+def write(index, path: Path) -> None:
+    """Write the index to ``path`` (callers write into a temporary version directory)."""
+    _faiss().write_index(index, str(path))
+
+
+def read(path: Path):
+    """Read an index written by ``write``."""
+    return _faiss().read_index(str(path))

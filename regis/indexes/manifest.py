@@ -1,0 +1,110 @@
+"""The manifest: everything needed to read an index and to check it against an encoder."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from regis.errors import IndexFormatError
+from regis.indexes.layout import MANIFEST_FILE
+from regis.models.encoder import EncoderConfig, WeightsInfo
+
+FORMAT_VERSION = 1
+
+
+class SegmentInfo(BaseModel):
+    """One immutable token segment: ``rows`` images x T tokens x D float16 values."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str
+    rows: int
+
+
+class FaissInfo(BaseModel):
+    """The FAISS token index: its factory spec (metric inner product), size and default search depth.
+
+    Attributes:
+        spec: FAISS index_factory string ("Flat", "IVF1024,Flat", "IVF4096,SQ8", ...).
+        ntotal: token vectors in the index (live images x T).
+        nprobe: default IVF lists probed per query token (search calls may pass another).
+        auto: True when regis chose the spec from the collection size (it may change it as the index grows).
+    """
+
+    spec: str
+    ntotal: int
+    nprobe: int = 32
+    auto: bool = True
+
+
+class Manifest(BaseModel):
+    """Index manifest (``manifest.json`` of a version directory).
+
+    Attributes:
+        format_version: on-disk format version (``FORMAT_VERSION``).
+        version: index version number, +1 per committed change.
+        parent_version: the version this one was derived from, None for the first.
+        created_at: ISO-8601 UTC creation time.
+        encoder: the encoder configuration (backbone, R, N, image size, normalisation, D, token set).
+        weights: weights source and SHA-256 checksum.
+        tokens_per_image: T.
+        dim: D.
+        token_dtype: dtype of the stored tokens ("float16").
+        faiss: the token index.
+        num_images: live images.
+        next_id: the next image id to hand out (ids are never reused).
+        segments: token segments referenced by ``locations.npy``.
+        images_root: absolute path of the indexed folder (None for an index fed only by uploads).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    version: int
+    parent_version: int | None = None
+    created_at: str
+    encoder: EncoderConfig
+    weights: WeightsInfo
+    tokens_per_image: int
+    dim: int
+    token_dtype: str = "float16"
+    faiss: FaissInfo
+    num_images: int
+    next_id: int
+    segments: list[SegmentInfo]
+    images_root: str | None = None
+
+    @staticmethod
+    def now() -> str:
+        """Current UTC time, ISO-8601 with seconds."""
+        return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def to_json(self) -> dict:
+        """JSON-ready dict."""
+        return json.loads(self.model_dump_json())
+
+
+def read_manifest(version_dir: Path) -> Manifest:
+    """Read and validate ``manifest.json`` of a version directory.
+
+    Raises:
+        IndexFormatError: missing, unparsable, or of another format version.
+    """
+    path = Path(version_dir) / MANIFEST_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise IndexFormatError(f"{path} is missing: not a regis index version") from exc
+    except json.JSONDecodeError as exc:
+        raise IndexFormatError(f"{path} is not valid JSON") from exc
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{path} has format version {raw.get('format_version')!r}; this regis reads version {FORMAT_VERSION}"
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        raise IndexFormatError(f"{path} is not a valid manifest: {exc.error_count()} invalid fields") from exc

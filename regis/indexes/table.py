@@ -1,0 +1,137 @@
+"""The image table: one row per live image, in SQLite (``images.sqlite`` of a version directory)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS images (
+    id       INTEGER PRIMARY KEY,
+    path     TEXT NOT NULL UNIQUE,
+    sha256   TEXT NOT NULL,
+    width    INTEGER NOT NULL,
+    height   INTEGER NOT NULL,
+    bytes    INTEGER NOT NULL,
+    mtime    REAL NOT NULL,
+    metadata TEXT
+)
+"""
+_COLUMNS = "id, path, sha256, width, height, bytes, mtime, metadata"
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """One indexed image.
+
+    Attributes:
+        id: stable image id (never reused after a delete).
+        path: path relative to the indexed root, POSIX separators.
+        sha256: SHA-256 of the file bytes, hex.
+        width, height: pixels, after EXIF orientation.
+        bytes: file size in bytes.
+        mtime: modification time, seconds since the epoch.
+        metadata: optional user metadata (JSON object).
+    """
+
+    id: int
+    path: str
+    sha256: str
+    width: int
+    height: int
+    bytes: int
+    mtime: float
+    metadata: dict = field(default_factory=dict)
+
+    def to_row(self) -> tuple:
+        meta = json.dumps(self.metadata, sort_keys=True) if self.metadata else None
+        return (self.id, self.path, self.sha256, self.width, self.height, self.bytes, self.mtime, meta)
+
+    @classmethod
+    def from_row(cls, row: tuple) -> ImageRecord:
+        return cls(*row[:7], metadata=json.loads(row[7]) if row[7] else {})
+
+
+class ImageTable:
+    """SQLite-backed image table.
+
+    Read-only tables (``readonly=True``) open the file immutable and may be shared between threads; a
+    writable table belongs to one ``IndexWriter``.
+    """
+
+    def __init__(self, path: Path, readonly: bool = True):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        if readonly:
+            uri = f"file:{self.path}?mode=ro&immutable=1"
+            self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        else:
+            self._conn = sqlite3.connect(self.path, check_same_thread=False)
+            self._conn.execute(_SCHEMA)
+            self._conn.commit()
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
+
+    def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(params)).fetchall()
+
+    def count(self) -> int:
+        """Number of rows (live images)."""
+        return int(self._query("SELECT COUNT(*) FROM images")[0][0])
+
+    def get(self, image_id: int) -> ImageRecord | None:
+        """The record of ``image_id``, or None if there is none."""
+        rows = self._query(f"SELECT {_COLUMNS} FROM images WHERE id = ?", (int(image_id),))
+        return ImageRecord.from_row(rows[0]) if rows else None
+
+    def get_many(self, ids: Iterable[int]) -> dict[int, ImageRecord]:
+        """Records of the given ids that exist, keyed by id."""
+        ids = [int(i) for i in ids]
+        out: dict[int, ImageRecord] = {}
+        for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
+            part = ids[start : start + 900]
+            marks = ",".join("?" * len(part))
+            for row in self._query(f"SELECT {_COLUMNS} FROM images WHERE id IN ({marks})", part):
+                rec = ImageRecord.from_row(row)
+                out[rec.id] = rec
+        return out
+
+    def by_path(self) -> dict[str, ImageRecord]:
+        """Every record keyed by its relative path (what an incremental build compares against)."""
+        return {r.path: r for r in self.iter_all()}
+
+    def iter_all(self, limit: int | None = None, offset: int = 0) -> Iterator[ImageRecord]:
+        """Records in id order."""
+        sql = f"SELECT {_COLUMNS} FROM images ORDER BY id"
+        params: tuple = ()
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            params = (int(limit), int(offset))
+        for row in self._query(sql, params):
+            yield ImageRecord.from_row(row)
+
+    def upsert(self, records: Iterable[ImageRecord]) -> None:
+        """Insert or replace rows (writable tables only); committed by ``commit``."""
+        with self._lock:
+            self._conn.executemany(
+                f"INSERT OR REPLACE INTO images ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [r.to_row() for r in records],
+            )
+
+    def delete(self, ids: Iterable[int]) -> None:
+        """Delete rows by id (writable tables only)."""
+        with self._lock:
+            self._conn.executemany("DELETE FROM images WHERE id = ?", [(int(i),) for i in ids])
+
+    def commit(self) -> None:
+        """Commit pending writes and flush them to disk."""
+        with self._lock:
+            self._conn.commit()

@@ -1,0 +1,396 @@
+"""Writing an index: one transaction -> one new, complete version, published atomically.
+
+Usage::
+
+    with IndexWriter(index_dir, encoder.config, encoder.weights_info) as w:
+        ids = w.allocate_ids(len(batch))
+        w.put(records, tokens)          # new images, or new tokens for existing ids
+        w.delete([7, 9])
+        manifest = w.commit()           # None when nothing changed
+
+Only one writer per index directory at a time (an exclusive ``flock`` on ``.lock``). New token rows go into
+a fresh segment file; the table, locations and FAISS index are written into a temporary version directory
+that is renamed into place, and CURRENT is replaced last. A writer killed anywhere leaves the previous
+version live; the leftovers are removed by the next writer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import ConfigError, IndexLockedError, IndexMismatchError
+from regis.indexes import faiss_index
+from regis.indexes.layout import (
+    CURRENT_FILE,
+    FAISS_FILE,
+    LOCATIONS_FILE,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    REPORT_FILE,
+    SEGMENTS_DIR,
+    TABLE_FILE,
+    TMP_PREFIX,
+    VERSIONS_DIR,
+    fsync_dir,
+    fsync_file,
+    read_current,
+    version_name,
+    write_bytes_atomic,
+)
+from regis.indexes.manifest import FaissInfo, Manifest, SegmentInfo, read_manifest
+from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
+from regis.indexes.table import ImageRecord, ImageTable
+from regis.models.encoder import EncoderConfig, WeightsInfo
+
+DEFAULT_KEEP_VERSIONS = 3
+_ADD_CHUNK = 16384  # images per FAISS add call while rebuilding
+
+
+def _acquire_lock(index_dir: Path, timeout_s: float) -> int:
+    fd = os.open(index_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise IndexLockedError(
+                    f"another process is writing to the index {index_dir}; try again later"
+                ) from None
+            time.sleep(0.1)
+
+
+def _published_versions(index_dir: Path) -> list[int]:
+    vdir = index_dir / VERSIONS_DIR
+    if not vdir.is_dir():
+        return []
+    out = []
+    for p in vdir.iterdir():
+        if p.name.startswith("v") and p.name[1:].isdigit():
+            out.append(int(p.name[1:]))
+    return sorted(out)
+
+
+class IndexWriter:
+    """A write transaction on an index directory (see module docstring).
+
+    Args:
+        index_dir: the index directory (created if missing).
+        encoder: the encoder config the tokens come from; must match an existing index's.
+        weights: the encoder's weights info; its checksum must match an existing index's.
+        faiss_spec: FAISS factory spec to use; None keeps an explicit spec of the base index, or lets regis
+            choose by size (``faiss_index.auto_spec``).
+        nprobe: default IVF probes recorded in the manifest (None: keep the base's).
+        images_root: absolute path of the indexed folder, recorded in the manifest (None: keep the base's).
+        keep_versions: published versions kept on disk after a commit (>= 1).
+        lock_timeout_s: how long to wait for another writer to finish.
+
+    Raises:
+        IndexLockedError: another writer holds the lock past the timeout.
+        IndexMismatchError: the existing index was built with another encoder config or weights.
+        ConfigError: bad arguments.
+    """
+
+    def __init__(
+        self,
+        index_dir: Path | str,
+        encoder: EncoderConfig,
+        weights: WeightsInfo,
+        faiss_spec: str | None = None,
+        nprobe: int | None = None,
+        images_root: str | None = None,
+        keep_versions: int = DEFAULT_KEEP_VERSIONS,
+        lock_timeout_s: float = 0.0,
+    ):
+        if keep_versions < 1:
+            raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.dir = Path(index_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / SEGMENTS_DIR).mkdir(exist_ok=True)
+        (self.dir / VERSIONS_DIR).mkdir(exist_ok=True)
+        self._lock_fd: int | None = _acquire_lock(self.dir, lock_timeout_s)
+        try:
+            self._open(encoder, weights, faiss_spec, nprobe, images_root, keep_versions)
+        except BaseException:
+            self._release()
+            raise
+
+    def _open(self, encoder, weights, faiss_spec, nprobe, images_root, keep_versions) -> None:
+        self.encoder = encoder
+        self.weights = weights
+        self.keep_versions = keep_versions
+        self.T = encoder.tokens_per_image
+        self.D = encoder.dim
+        base_name = read_current(self.dir)
+        self.base: Manifest | None = read_manifest(self.dir / VERSIONS_DIR / base_name) if base_name else None
+        base_dir = self.dir / VERSIONS_DIR / base_name if base_name else None
+        if self.base is not None:
+            if self.base.encoder != encoder or self.base.weights.sha256 != weights.sha256:
+                raise IndexMismatchError(
+                    f"the index in {self.dir} was built with encoder {self.base.encoder.backbone} "
+                    f"(weights {self.base.weights.source}, sha256 {self.base.weights.sha256[:12]}, "
+                    f"N = {self.base.encoder.roi_size}, tokens {self.base.encoder.token_set}); it cannot take tokens "
+                    f"from {encoder.backbone} (weights {weights.source}, sha256 {weights.sha256[:12]}, "
+                    f"N = {encoder.roi_size}, tokens {encoder.token_set}). Build into a new index directory."
+                )
+        self.explicit_spec = faiss_spec or (self.base.faiss.spec if self.base and not self.base.faiss.auto else None)
+        if faiss_spec:
+            faiss_index.new_index(faiss_spec, self.D)  # validate the spec now, not at commit
+        self.nprobe = nprobe or (self.base.faiss.nprobe if self.base else FaissInfo.model_fields["nprobe"].default)
+        self.images_root = images_root or (self.base.images_root if self.base else None)
+        self.version = max([self.base.version if self.base else 0, *_published_versions(self.dir)]) + 1
+        self.tmp_dir = self.dir / VERSIONS_DIR / f"{TMP_PREFIX}{version_name(self.version)}-{uuid.uuid4().hex[:8]}"
+        self.tmp_dir.mkdir()
+        if base_dir is not None:
+            shutil.copyfile(base_dir / TABLE_FILE, self.tmp_dir / TABLE_FILE)
+            self.locations = np.load(base_dir / LOCATIONS_FILE)
+            self.segments = list(self.base.segments)
+            self.next_id = self.base.next_id
+        else:
+            self.locations = empty_locations(0)
+            self.segments = []
+            self.next_id = 0
+        self.table = ImageTable(self.tmp_dir / TABLE_FILE, readonly=False)
+        self._base_dir = base_dir
+        self._seg_name = f"seg-{uuid.uuid4().hex}.f16"
+        self._seg_tmp = self.dir / SEGMENTS_DIR / f"{TMP_PREFIX}{self._seg_name}"
+        self._seg_file = None
+        self._seg_rows = 0
+        self._removed: set[int] = set()  # ids whose tokens must leave the FAISS index
+        self._added: list[int] = []  # ids whose tokens are in the new segment
+        self._changed = False
+        self._done = False
+
+    # ----------------------------------------------------------------- transaction API
+    def __enter__(self) -> IndexWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._done:
+            self.abort()
+
+    def allocate_ids(self, n: int) -> np.ndarray:
+        """Hand out ``n`` new image ids (int64), never used before in this index."""
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
+        if len(self.locations) < self.next_id:
+            grown = empty_locations(max(self.next_id, 2 * len(self.locations)))
+            grown[: len(self.locations)] = self.locations
+            self.locations = grown
+        return ids
+
+    def is_live(self, image_id: int) -> bool:
+        """Whether ``image_id`` currently has tokens in this transaction's view."""
+        return 0 <= image_id < len(self.locations) and self.locations[image_id, 0] >= 0
+
+    def put(self, records: list[ImageRecord], tokens: np.ndarray) -> None:
+        """Store images: new ids (from ``allocate_ids``) or new tokens for live ids.
+
+        Args:
+            records: one ImageRecord per image, ``id`` set.
+            tokens: (n, T, D) float (stored as float16), unit-norm tokens from the index's encoder.
+
+        Raises:
+            ConfigError: shape mismatch, or an id that was never allocated.
+        """
+        if tokens.ndim != 3 or tokens.shape[1:] != (self.T, self.D) or tokens.shape[0] != len(records):
+            raise ConfigError(
+                f"expected tokens of shape ({len(records)}, {self.T}, {self.D}), got {tuple(tokens.shape)}"
+            )
+        if not records:
+            return
+        ids = np.array([r.id for r in records], dtype=np.int64)
+        if (ids < 0).any() or (ids >= self.next_id).any():
+            raise ConfigError("image ids must come from allocate_ids()")
+        if self._seg_file is None:
+            self._seg_file = open(self._seg_tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
+        self._seg_file.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes())
+        seg_index = len(self.segments)
+        for i, image_id in enumerate(ids):
+            if self.locations[image_id, 0] >= 0:
+                self._removed.add(int(image_id))
+            self.locations[image_id] = (seg_index, self._seg_rows + i)
+        self._seg_rows += len(ids)
+        self._added.extend(int(i) for i in ids)
+        self.table.upsert(records)
+        self._changed = True
+
+    def update_records(self, records: list[ImageRecord]) -> None:
+        """Change table rows of live images without touching their tokens (e.g. a new mtime)."""
+        if records:
+            self.table.upsert(records)
+            self._changed = True
+
+    def delete(self, ids) -> None:
+        """Remove images by id; unknown or already-deleted ids are ignored."""
+        live = [int(i) for i in ids if self.is_live(int(i))]
+        if not live:
+            return
+        for image_id in live:
+            self.locations[image_id] = (-1, -1)
+            self._removed.add(image_id)
+        self.table.delete(live)
+        self._changed = True
+
+    def abort(self) -> None:
+        """Drop everything this transaction wrote; the live version is untouched."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            if self._seg_file is not None:
+                self._seg_file.close()
+            self._seg_tmp.unlink(missing_ok=True)
+            self.table.close()
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        finally:
+            self._release()
+
+    def commit(self, report: dict | None = None) -> Manifest | None:
+        """Publish the new version; returns its manifest, or None (and aborts) when nothing changed.
+
+        Args:
+            report: optional JSON-ready build report, saved as ``build_report.json`` in the version.
+        """
+        if self._done:
+            raise RuntimeError("this IndexWriter is already committed or aborted")
+        if not self._changed:
+            self.abort()
+            return None
+        try:
+            manifest = self._write_version(report)
+            self._publish()
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        try:
+            self._collect_garbage()
+        finally:
+            self._release()
+        return manifest
+
+    # ----------------------------------------------------------------- commit steps
+    def _finish_segment(self) -> None:
+        if self._seg_file is None:
+            return
+        self._seg_file.flush()
+        os.fsync(self._seg_file.fileno())
+        self._seg_file.close()
+        self._seg_file = None
+        os.replace(self._seg_tmp, self.dir / SEGMENTS_DIR / self._seg_name)
+        fsync_dir(self.dir / SEGMENTS_DIR)
+        self.segments.append(SegmentInfo(file=self._seg_name, rows=self._seg_rows))
+
+    def _store(self) -> TokenStore:
+        return TokenStore(self.dir / SEGMENTS_DIR, self.segments, self.locations[: self.next_id], self.T, self.D)
+
+    def _build_faiss(self, store: TokenStore, spec: str):
+        index = faiss_index.new_index(spec, self.D)
+        live = store.live_ids
+        if faiss_index.needs_training(index):
+            want = max(faiss_index.min_training_vectors(index), 1)
+            n_images = min(len(live), -(-want // self.T))
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(live, size=n_images, replace=False)) if n_images < len(live) else live
+            vectors = store.get(sample).reshape(-1, self.D).astype(np.float32)
+            if len(vectors) < faiss_index.min_training_vectors(index):
+                raise ConfigError(
+                    f"FAISS spec {spec!r} needs {faiss_index.min_training_vectors(index)} training vectors, "
+                    f"the index has {len(vectors)}: use fewer IVF lists or Flat"
+                )
+            index.train(vectors)
+        for ids, tokens in store.iter_chunks(_ADD_CHUNK):
+            faiss_index.add_tokens(index, ids, tokens)
+        return index
+
+    def _update_faiss(self, store: TokenStore, spec: str):
+        base_ok = self.base is not None and self.base.faiss.spec == spec and self._base_dir is not None
+        if not base_ok:
+            return self._build_faiss(store, spec)
+        index = faiss_index.read(self._base_dir / FAISS_FILE)
+        try:
+            faiss_index.remove_images(index, np.array(sorted(self._removed), dtype=np.int64), self.T)
+        except RuntimeError:  # index type without remove_ids (HNSW): rebuild from the store
+            return self._build_faiss(store, spec)
+        added = np.array(sorted(i for i in set(self._added) if self.locations[i, 0] >= 0), dtype=np.int64)
+        for start in range(0, len(added), _ADD_CHUNK):
+            part = added[start : start + _ADD_CHUNK]
+            faiss_index.add_tokens(index, part, store.get(part))
+        return index
+
+    def _write_version(self, report: dict | None) -> Manifest:
+        self._finish_segment()
+        store = self._store()
+        num_images = len(store)
+        auto = self.explicit_spec is None
+        spec = self.explicit_spec or faiss_index.auto_spec(num_images, self.T)
+        index = self._update_faiss(store, spec)
+        if index.ntotal != num_images * self.T:
+            raise RuntimeError(f"FAISS holds {index.ntotal} vectors, expected {num_images * self.T}")
+        faiss_index.write(index, self.tmp_dir / FAISS_FILE)
+        np.save(self.tmp_dir / LOCATIONS_FILE, self.locations[: self.next_id])
+        self.table.commit()
+        self.table.close()
+        manifest = Manifest(
+            version=self.version,
+            parent_version=self.base.version if self.base else None,
+            created_at=Manifest.now(),
+            encoder=self.encoder,
+            weights=self.weights,
+            tokens_per_image=self.T,
+            dim=self.D,
+            faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=self.nprobe, auto=auto),
+            num_images=num_images,
+            next_id=self.next_id,
+            segments=self.segments,
+            images_root=self.images_root,
+        )
+        (self.tmp_dir / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
+        if report is not None:
+            report = {**report, "version": self.version}
+            (self.tmp_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        for name in os.listdir(self.tmp_dir):
+            fsync_file(self.tmp_dir / name)
+        fsync_dir(self.tmp_dir)
+        return manifest
+
+    def _publish(self) -> None:
+        final = self.dir / VERSIONS_DIR / version_name(self.version)
+        os.replace(self.tmp_dir, final)
+        fsync_dir(self.dir / VERSIONS_DIR)
+        write_bytes_atomic(self.dir / CURRENT_FILE, (version_name(self.version) + "\n").encode())
+
+    def _collect_garbage(self) -> None:
+        """Drop old versions (keeping ``keep_versions``), unpublished leftovers and unreferenced segments."""
+        versions_dir = self.dir / VERSIONS_DIR
+        keep = [v for v in _published_versions(self.dir) if v <= self.version][-self.keep_versions :]
+        for p in versions_dir.iterdir():
+            is_version = p.name.startswith("v") and p.name[1:].isdigit()
+            if p.name.startswith(TMP_PREFIX) or (is_version and int(p.name[1:]) not in keep):
+                shutil.rmtree(p, ignore_errors=True)
+        referenced = set()
+        for v in keep:
+            try:
+                referenced.update(s.file for s in read_manifest(versions_dir / version_name(v)).segments)
+            except Exception:  # an unreadable old version keeps nothing alive; the live one was just written
+                continue
+        for p in (self.dir / SEGMENTS_DIR).iterdir():
+            if p.name not in referenced:
+                p.unlink(missing_ok=True)
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None

@@ -1,0 +1,301 @@
+"""The regis encoder: an image batch -> 2(R + 1) unit-norm tokens per image (METHODS.md section 1).
+
+Token order, fixed so that a token's index tells its type:
+    [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R]
+With R = 4 that is 10 tokens. ``token_set`` selects a prefix of this layout for ablations:
+``cls`` (1 token), ``cls+reg`` (R + 1), ``cls+reg+roi`` (2(R + 1), the default).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, field_validator
+from torch import nn
+
+from regis.errors import ConfigError, IndexMismatchError, WeightsError
+from regis.models.cues import CUE_METHODS, cnn_cues
+from regis.models.registry import BackboneSpec, get_backbone_spec
+from regis.models.roi import BORDER_MODES, check_roi_size, roi_tokens
+from regis.models.weights import (
+    LoadedWeights,
+    create_timm_model,
+    load_into,
+    package_weights,
+    read_weights_file,
+    state_dict_sha256,
+)
+
+TOKEN_SETS = ("cls", "cls+reg", "cls+reg+roi")
+DEFAULT_CUE_METHOD = "kmeans"
+
+
+class EncoderConfig(BaseModel):
+    """Everything that decides which tokens an image gets; saved in index manifests and checkpoints.
+
+    Attributes:
+        backbone: registry name (``regis.models.registry``).
+        kind: "vit" or "cnn".
+        num_registers: R (ViT: the backbone's register tokens; CNN: part tokens).
+        dim: D, the token width.
+        roi_size: N, the ROI window side in patches (odd, >= 1).
+        border: "clip" or "shift" (window at the grid border).
+        token_set: which tokens the encoder returns ("cls", "cls+reg", "cls+reg+roi").
+        cue_method: CNN only: how part tokens are made ("kmeans", "attention", "grid").
+        image_size: square input side, pixels.
+        resize_size: shorter side before the centre crop, pixels.
+        interpolation: torchvision interpolation mode name.
+        mean, std: per-channel normalisation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backbone: str
+    kind: Literal["vit", "cnn"]
+    num_registers: int
+    dim: int
+    roi_size: int = 3
+    border: Literal["clip", "shift"] = "clip"
+    token_set: Literal["cls", "cls+reg", "cls+reg+roi"] = "cls+reg+roi"
+    cue_method: str | None = None
+    image_size: int = 224
+    resize_size: int = 224
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @field_validator("roi_size")
+    @classmethod
+    def _odd_roi(cls, v: int) -> int:
+        return check_roi_size(v)
+
+    @field_validator("cue_method")
+    @classmethod
+    def _known_cue(cls, v: str | None) -> str | None:
+        if v is not None and v not in CUE_METHODS:
+            raise ValueError(f"unknown cue method {v!r}; choose one of {CUE_METHODS}")
+        return v
+
+    @property
+    def token_positions(self) -> list[int]:
+        """Positions in the full 2(R + 1) layout that ``token_set`` keeps."""
+        r = self.num_registers
+        count = {"cls": 1, "cls+reg": r + 1, "cls+reg+roi": 2 * (r + 1)}[self.token_set]
+        return list(range(count))
+
+    @property
+    def tokens_per_image(self) -> int:
+        """T, the number of tokens per image the encoder returns."""
+        return len(self.token_positions)
+
+
+class WeightsInfo(BaseModel):
+    """Where the weights came from and their checksum (``state_dict_sha256``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    sha256: str
+
+
+class RegisEncoder(nn.Module):
+    """Backbone + cue tokens + ROI pooling -> unit-norm multi-vector embeddings.
+
+    The one model contract: ``forward(images)`` takes a (B, 3, H, W) float batch normalised with
+    ``config.mean``/``config.std`` and returns (B, T, D) float tokens, each of unit L2 norm, in the order
+    [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R] (truncated by ``config.token_set``).
+    """
+
+    def __init__(self, backbone: nn.Module, spec: BackboneSpec, config: EncoderConfig, weights: WeightsInfo):
+        super().__init__()
+        self.backbone = backbone
+        self.spec = spec
+        self.config = config
+        self.weights_info = weights
+
+    def forward_parts(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """The backbone's cue tokens and patch tokens.
+
+        Args:
+            images: (B, 3, H, W) float.
+
+        Returns:
+            cues (B, R + 1, D), patches (B, P, D) row-major on the grid, and the grid (h, w).
+        """
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ConfigError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
+        if self.config.kind == "vit":
+            tokens = self.backbone.forward_features(images)
+            prefix = self.backbone.num_prefix_tokens
+            pe = self.backbone.patch_embed
+            if hasattr(pe, "dynamic_feat_size"):
+                grid = tuple(pe.dynamic_feat_size(images.shape[-2:]))
+            else:
+                grid = tuple(pe.grid_size)
+            return tokens[:, :prefix], tokens[:, prefix:], (int(grid[0]), int(grid[1]))
+        fmap = self.backbone.forward_features(images)  # (B, D, h, w)
+        grid = (fmap.shape[-2], fmap.shape[-1])
+        patches = fmap.flatten(2).transpose(1, 2)
+        cues = cnn_cues(patches, grid, self.config.num_registers, self.config.cue_method or DEFAULT_CUE_METHOD)
+        return cues, patches, grid
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) float -> (B, T, D) unit-norm tokens (see class docstring)."""
+        cues, patches, grid = self.forward_parts(images)
+        if self.config.token_set == "cls+reg+roi":
+            tokens = torch.cat([cues, roi_tokens(cues, patches, grid, self.config.roi_size, self.config.border)], 1)
+        else:
+            tokens = cues[:, : self.config.tokens_per_image]
+        return F.normalize(tokens.float(), dim=-1)
+
+    @torch.inference_mode()
+    def encode(self, images: torch.Tensor, autocast: bool = True) -> torch.Tensor:
+        """Inference: (B, 3, H, W) float on any device -> (B, T, D) float32 unit-norm tokens on that device.
+
+        Uses bf16 autocast on CUDA when ``autocast``; fp32 on CPU.
+        """
+        images = images.to(next(self.parameters()).device)
+        use_amp = autocast and images.device.type == "cuda"
+        with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            out = self(images)
+        return F.normalize(out.float(), dim=-1)
+
+
+def _resolve_weights(
+    spec: BackboneSpec, weights: str | None, random_init: bool, seed: int, loaded: LoadedWeights | None
+) -> tuple[nn.Module, str]:
+    if random_init:
+        torch.manual_seed(seed)
+        return create_timm_model(spec, pretrained=False), f"random:{seed}"
+    if loaded is not None:
+        model = create_timm_model(spec, pretrained=False)
+        load_into(model, loaded.state_dict, spec, loaded.source)
+        return model, loaded.source
+    if spec.default_weights == "package":
+        pkg = package_weights(spec)
+        model = create_timm_model(spec, pretrained=False)
+        load_into(model, pkg.state_dict, spec, pkg.source)
+        return model, pkg.source
+    if spec.default_weights == "hub":
+        return create_timm_model(spec, pretrained=True), f"hub:{spec.timm_name}"
+    raise WeightsError(
+        f"backbone {spec.name} has no pretrained weights; pass --weights PATH, or --random-init for tests"
+    )
+
+
+def build_encoder(
+    backbone: str | None = None,
+    weights: str | None = None,
+    random_init: bool = False,
+    seed: int = 0,
+    roi_size: int | None = None,
+    border: str | None = None,
+    token_set: str | None = None,
+    cue_method: str | None = None,
+    device: str | torch.device = "cpu",
+) -> RegisEncoder:
+    """Build an encoder from the registry, loading weights as asked.
+
+    Args:
+        backbone: registry name or ``timm:NAME``; when None, taken from the config stored with ``weights``
+            (a training run), else ``efficientnet-lite0``.
+        weights: path to weights (safetensors, torch state dict, or a run directory with encoder.safetensors).
+        random_init: random weights (seeded with ``seed``); for tests only.
+        roi_size, border, token_set, cue_method: override the defaults (or the stored run config).
+        device: where to put the model; it is returned in eval mode.
+
+    Returns:
+        A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
+
+    Raises:
+        ConfigError: unknown backbone, bad ROI size, a ViT without register tokens, bad combination.
+        WeightsError: weights missing, unreadable, of the wrong architecture, or not downloadable.
+    """
+    if random_init and weights:
+        raise ConfigError("give either --weights or --random-init, not both")
+    loaded = read_weights_file(weights) if weights else None
+    stored = (loaded.encoder_config or {}) if loaded else {}
+    if backbone is None:
+        backbone = stored.get("backbone", "efficientnet-lite0")
+    elif stored.get("backbone") not in (None, backbone):
+        raise WeightsError(f"{weights} holds a {stored['backbone']} encoder, not {backbone}")
+    spec = get_backbone_spec(backbone)
+    if border is not None and border not in BORDER_MODES:
+        raise ConfigError(f"border must be one of {BORDER_MODES}, got {border!r}")
+    if token_set is not None and token_set not in TOKEN_SETS:
+        raise ConfigError(f"token set must be one of {TOKEN_SETS}, got {token_set!r}")
+    if cue_method is not None and spec.kind != "cnn":
+        raise ConfigError(f"--cue-method applies to CNN backbones only, not {spec.name}")
+    model, source = _resolve_weights(spec, weights, random_init, seed, loaded)
+    model.eval()
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if spec.kind == "vit":
+        r = int(getattr(model, "num_reg_tokens", 0))
+        if r < 1 or getattr(model, "cls_token", None) is None:
+            raise ConfigError(f"{spec.name} is not a ViT with a CLS token and register tokens (R = {r})")
+        dim = int(model.embed_dim)
+    else:
+        r = spec.num_parts
+        dim = int(model.num_features)
+    config = EncoderConfig(
+        backbone=spec.name,
+        kind=spec.kind,
+        num_registers=r,
+        dim=dim,
+        roi_size=roi_size if roi_size is not None else stored.get("roi_size", 3),
+        border=border or stored.get("border", "clip"),
+        token_set=token_set or stored.get("token_set", "cls+reg+roi"),
+        cue_method=(cue_method or stored.get("cue_method") or DEFAULT_CUE_METHOD) if spec.kind == "cnn" else None,
+        image_size=spec.image_size,
+        resize_size=spec.image_size,
+        mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
+        std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
+    )
+    info = WeightsInfo(source=source, sha256=state_dict_sha256(model))
+    return RegisEncoder(model, spec, config, info).to(device).eval()
+
+
+def encoder_from_manifest(
+    config: EncoderConfig, weights: WeightsInfo, weights_override: str | None = None, device: str = "cpu"
+) -> RegisEncoder:
+    """Rebuild the encoder an index was made with, and check it is the same one.
+
+    Args:
+        config, weights: as stored in the index manifest.
+        weights_override: a path to use instead of the stored ``file:`` source (a moved file, say).
+        device: where to put the model.
+
+    Raises:
+        IndexMismatchError: the rebuilt encoder's config or weights checksum differs from the manifest.
+        WeightsError: the weights cannot be loaded.
+    """
+    kind, _, rest = weights.source.partition(":")
+    kwargs = dict(
+        backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
+        cue_method=config.cue_method, device=device,
+    )
+    if weights_override:
+        encoder = build_encoder(weights=weights_override, **kwargs)
+    elif kind == "random":
+        encoder = build_encoder(random_init=True, seed=int(rest), **kwargs)
+    elif kind == "file":
+        encoder = build_encoder(weights=rest, **kwargs)
+    else:  # hub or package: the registry's default source
+        encoder = build_encoder(**kwargs)
+    check_encoder_matches(encoder, config, weights)
+    return encoder
+
+
+def check_encoder_matches(encoder: RegisEncoder, config: EncoderConfig, weights: WeightsInfo) -> None:
+    """Raise ``IndexMismatchError`` unless ``encoder`` has exactly this config and weights checksum."""
+    if encoder.config != config:
+        mine, theirs = encoder.config.model_dump(), config.model_dump()
+        diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs.get(k)}
+        raise IndexMismatchError(f"encoder does not match the index (encoder vs index): {diff}")
+    if encoder.weights_info.sha256 != weights.sha256:
+        raise IndexMismatchError(
+            f"encoder weights ({encoder.weights_info.source}, sha256 {encoder.weights_info.sha256[:12]}) "
+            f"differ from the weights the index was built with ({weights.source}, sha256 {weights.sha256[:12]})"
+        )

@@ -1,0 +1,169 @@
+"""Query-by-image: bytes -> decoded image -> query tokens -> ranked images with their table rows.
+
+``QueryEngine`` is what ``regis search`` and the service use. It holds the encoder and one searcher over the
+live index snapshot; ``swap`` replaces the snapshot atomically (a query in flight finishes on the one it
+started with).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from regis.errors import ImageDecodeError
+from regis.images.decode import DEFAULT_MAX_PIXELS, decode_image
+from regis.indexes.snapshot import IndexSnapshot
+from regis.models.encoder import RegisEncoder, check_encoder_matches, encoder_from_manifest
+from regis.models.transforms import eval_transform
+from regis.retrieve.searcher import DEFAULT_DEPTH, Mode, Searcher
+
+
+class QueryEngine:
+    """Encoder + searcher over one index snapshot.
+
+    Args:
+        encoder: the encoder the index was built with (checked).
+        snapshot: the index version to search.
+        device: torch device for encoding and rerank.
+        max_pixels: decompression-bomb limit for query images, pixels.
+
+    Raises:
+        IndexMismatchError: the encoder is not the index's.
+    """
+
+    def __init__(self, encoder: RegisEncoder, snapshot: IndexSnapshot, device: str = "cpu",
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
+        check_encoder_matches(encoder, snapshot.manifest.encoder, snapshot.manifest.weights)
+        self.encoder = encoder
+        self.device = device
+        self.max_pixels = max_pixels
+        self.transform = eval_transform(encoder.config)
+        self.searcher = Searcher(snapshot, device=device)
+
+    @classmethod
+    def open(cls, index_dir: Path | str, weights: str | None = None, device: str = "cpu",
+             max_pixels: int = DEFAULT_MAX_PIXELS) -> QueryEngine:
+        """Open the live version of ``index_dir`` with the encoder its manifest names.
+
+        Args:
+            index_dir: index directory.
+            weights: weights path overriding the manifest's ``file:`` source (must have the same checksum).
+            device: torch device.
+            max_pixels: decompression-bomb limit, pixels.
+
+        Raises:
+            IndexFormatError: no readable index.
+            IndexMismatchError / WeightsError: the index's encoder cannot be rebuilt identically.
+        """
+        snapshot = IndexSnapshot.open(index_dir)
+        try:
+            encoder = encoder_from_manifest(snapshot.manifest.encoder, snapshot.manifest.weights, weights, device)
+            return cls(encoder, snapshot, device, max_pixels)
+        except BaseException:
+            snapshot.close()
+            raise
+
+    @property
+    def snapshot(self) -> IndexSnapshot:
+        """The snapshot queries run on now."""
+        return self.searcher.snapshot
+
+    def swap(self, snapshot: IndexSnapshot) -> IndexSnapshot:
+        """Serve ``snapshot`` from now on; returns the previous one (the caller closes it when idle).
+
+        Raises:
+            IndexMismatchError: the new version was built with another encoder.
+        """
+        check_encoder_matches(self.encoder, snapshot.manifest.encoder, snapshot.manifest.weights)
+        old = self.searcher.snapshot
+        self.searcher = Searcher(snapshot, device=self.device)
+        return old
+
+    def encode_bytes(self, data: bytes) -> tuple[np.ndarray, dict[str, float]]:
+        """Decode and encode a query image.
+
+        Returns:
+            (T, D) float32 unit-norm query tokens and {"decode": ms, "encode": ms}.
+
+        Raises:
+            ImageDecodeError: not a decodable image (see ``regis.images.decode``).
+        """
+        t0 = time.perf_counter()
+        decoded = decode_image(data, max_pixels=self.max_pixels, draft_size=self.encoder.config.resize_size)
+        pixels = self.transform(decoded.image)[None]
+        t1 = time.perf_counter()
+        tokens = self.encoder.encode(pixels)[0].float().cpu().numpy()
+        t2 = time.perf_counter()
+        return tokens, {"decode": (t1 - t0) * 1e3, "encode": (t2 - t1) * 1e3}
+
+    def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int = DEFAULT_DEPTH, mode: Mode = "ann",
+                      nprobe: int | None = None) -> dict:
+        """Search with precomputed query tokens (T, D); returns the JSON-ready result (see ``search_bytes``)."""
+        searcher = self.searcher  # one snapshot for the whole query, even if a swap happens meanwhile
+        result = searcher.search(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        records = searcher.snapshot.table.get_many(result.ids.tolist())
+        hits = []
+        for rank, (image_id, score) in enumerate(zip(result.ids.tolist(), result.scores.tolist(), strict=True), 1):
+            rec = records.get(image_id)
+            hits.append({
+                "rank": rank, "id": int(image_id), "score": float(score),
+                "path": rec.path if rec else None,
+                "width": rec.width if rec else None, "height": rec.height if rec else None,
+                "metadata": rec.metadata if rec else {},
+            })
+        return {
+            "index_version": searcher.snapshot.version,
+            "mode": mode,
+            "k": k,
+            "depth": depth,
+            "num_candidates": result.num_candidates,
+            "results": hits,
+            "timings_ms": dict(result.timings_ms),
+        }
+
+    def search_bytes(self, data: bytes, k: int = 10, depth: int = DEFAULT_DEPTH, mode: Mode = "ann",
+                     nprobe: int | None = None) -> dict:
+        """Query by image bytes.
+
+        Returns:
+            {"index_version", "mode", "k", "depth", "num_candidates", "results": [{"rank", "id", "score",
+            "path", "width", "height", "metadata"}], "timings_ms": {"decode", "encode", "candidates",
+            "rerank", "total"}} (ms).
+
+        Raises:
+            ImageDecodeError: bad image bytes.
+            ConfigError: k / depth / mode out of range.
+        """
+        t0 = time.perf_counter()
+        tokens, timings = self.encode_bytes(data)
+        out = self.search_tokens(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        out["timings_ms"] = {**timings, **out["timings_ms"], "total": (time.perf_counter() - t0) * 1e3}
+        return out
+
+    def search_file(self, path: Path | str, **kwargs) -> dict:
+        """``search_bytes`` of a file's contents.
+
+        Raises:
+            ImageDecodeError: the file cannot be read or decoded (the message names the file).
+        """
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise ImageDecodeError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from exc
+        try:
+            return self.search_bytes(data, **kwargs)
+        except ImageDecodeError as exc:
+            raise ImageDecodeError(f"{path}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the live snapshot."""
+        self.searcher.snapshot.close()
+
+
+def set_torch_threads(n: int | None) -> None:
+    """Limit torch's intra-op threads (None leaves the default)."""
+    if n:
+        torch.set_num_threads(int(n))

@@ -1,0 +1,99 @@
+"""ColBERT-style late-interaction (MaxSim) scoring.
+
+    S(Q, D) = sum_{i=1..m} max_{j=1..n} q_i . d_j            (METHODS.md section 1)
+
+Any query token may match any document token; S is asymmetric. With unit-norm tokens S lies in [-m, m] and
+S(Q, Q) = m. Padded document tokens are masked with -inf before the max (never 0: a query token whose
+similarities are all negative would otherwise score 0 against the padding). Padded query tokens contribute 0
+to the sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_tokens(name: str, x: torch.Tensor, ndim: int) -> None:
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+
+
+def maxsim_paired(
+    queries: torch.Tensor,
+    docs: torch.Tensor,
+    doc_mask: torch.Tensor | None = None,
+    query_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """MaxSim of query ``b`` against document ``b`` for every ``b`` (the training-time pairing).
+
+    Args:
+        queries: (B, m, D) float tokens.
+        docs: (B, n, D) float tokens, same dtype and device.
+        doc_mask: optional (B, n) bool, True where a document token is real; padded tokens get -inf.
+        query_mask: optional (B, m) bool, True where a query token is real; padded tokens add 0.
+
+    Returns:
+        (B,) scores in the dtype of the inputs. Differentiable (gradients flow through the selected maxima).
+
+    Raises:
+        ValueError: wrong number of dimensions or mismatched batch / width.
+    """
+    _check_tokens("queries", queries, 3)
+    _check_tokens("docs", docs, 3)
+    if queries.shape[0] != docs.shape[0] or queries.shape[2] != docs.shape[2]:
+        raise ValueError(f"queries {tuple(queries.shape)} and docs {tuple(docs.shape)} do not pair up")
+    sims = torch.einsum("bmd,bnd->bmn", queries, docs)
+    if doc_mask is not None:
+        sims = sims.masked_fill(~doc_mask[:, None, :], float("-inf"))
+    best = sims.amax(dim=-1)
+    if query_mask is not None:
+        best = best.masked_fill(~query_mask, 0.0)
+    return best.sum(dim=-1)
+
+
+def maxsim_scores(
+    queries: torch.Tensor,
+    docs: torch.Tensor,
+    doc_mask: torch.Tensor | None = None,
+    query_mask: torch.Tensor | None = None,
+    chunk_size: int = 4096,
+) -> torch.Tensor:
+    """MaxSim of every query against every document (the retrieval-time all-pairs form).
+
+    Args:
+        queries: (Q, m, D) or (m, D) float tokens.
+        docs: (N, n, D) float tokens (float16 documents are upcast to the query dtype chunk by chunk).
+        doc_mask: optional (N, n) bool, True where a document token is real.
+        query_mask: optional (Q, m) bool, True where a query token is real.
+        chunk_size: documents scored per step; bounds the (Q, chunk, m, n) intermediate.
+
+    Returns:
+        (Q, N) scores, or (N,) when ``queries`` was 2-D; dtype of ``queries``.
+
+    Raises:
+        ValueError: wrong number of dimensions, mismatched widths, or chunk_size < 1.
+    """
+    single = queries.ndim == 2
+    if single:
+        queries = queries[None]
+        if query_mask is not None and query_mask.ndim == 1:
+            query_mask = query_mask[None]
+    _check_tokens("queries", queries, 3)
+    _check_tokens("docs", docs, 3)
+    if queries.shape[-1] != docs.shape[-1]:
+        raise ValueError(f"token widths differ: queries {queries.shape[-1]}, docs {docs.shape[-1]}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    out = []
+    for start in range(0, docs.shape[0], chunk_size):
+        chunk = docs[start : start + chunk_size].to(device=queries.device, dtype=queries.dtype)
+        sims = torch.einsum("qmd,knd->qkmn", queries, chunk)
+        if doc_mask is not None:
+            mask = doc_mask[start : start + chunk_size].to(queries.device)
+            sims = sims.masked_fill(~mask[None, :, None, :], float("-inf"))
+        best = sims.amax(dim=-1)  # (Q, chunk, m)
+        if query_mask is not None:
+            best = best.masked_fill(~query_mask.to(queries.device)[:, None, :], 0.0)
+        out.append(best.sum(dim=-1))
+    scores = torch.cat(out, dim=1) if out else queries.new_zeros((queries.shape[0], 0))
+    return scores[0] if single else scores

@@ -1,0 +1,73 @@
+"""JSON error responses: ``{"error": {"code": ..., "message": ...}}``, never an exception's raw text for
+unexpected failures."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from regis.errors import ConfigError, ImageDecodeError, ImageTooLargeError, IndexFormatError
+
+log = logging.getLogger("regis.service")
+
+
+class APIError(Exception):
+    """An error with an HTTP status, a stable machine-readable code and a message for the client."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_body(code: str, message: str, **extra) -> dict:
+    """The JSON body of every error response."""
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map regis and framework exceptions to JSON responses."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status)
+
+    @app.exception_handler(ImageTooLargeError)
+    async def _too_large(_: Request, exc: ImageTooLargeError):
+        return JSONResponse(error_body("image_too_large", str(exc)), status_code=413)
+
+    @app.exception_handler(ImageDecodeError)
+    async def _bad_image(_: Request, exc: ImageDecodeError):
+        return JSONResponse(error_body("invalid_image", str(exc)), status_code=400)
+
+    @app.exception_handler(ConfigError)
+    async def _bad_param(_: Request, exc: ConfigError):
+        return JSONResponse(error_body("invalid_parameter", str(exc)), status_code=422)
+
+    @app.exception_handler(IndexFormatError)
+    async def _no_index(_: Request, exc: IndexFormatError):
+        log.error("index unavailable: %s", exc)
+        return JSONResponse(error_body("index_unavailable", "the index cannot be read"), status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        details = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg", "")} for e in exc.errors()
+        ]
+        message = "; ".join(f"{d['field']}: {d['message']}" for d in details) or "invalid request"
+        return JSONResponse(error_body("invalid_request", message, details=details), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal", "internal server error"), status_code=500)

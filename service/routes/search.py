@@ -1,0 +1,56 @@
+"""POST /v1/search: query by image."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
+from starlette.concurrency import run_in_threadpool
+
+from regis.retrieve.query import QueryEngine
+from service.deps import get_engine, get_settings
+from service.errors import APIError
+from service.schemas import ErrorResponse, SearchResponse
+from service.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["search"])
+
+
+async def read_upload(file: UploadFile, limit: int) -> bytes:
+    """Read an upload, refusing more than ``limit`` bytes (413) without reading the rest."""
+    data = await file.read(limit + 1)
+    if len(data) > limit:
+        raise APIError(413, "payload_too_large", f"upload is larger than the limit of {limit:,} bytes")
+    return data
+
+
+@router.post(
+    "/search",
+    response_model=SearchResponse,
+    responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+)
+async def search(
+    request: Request,
+    file: Annotated[UploadFile, File(description="the query image (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    k: Annotated[int | None, Query(ge=1, le=1000, description="results to return")] = None,
+    depth: Annotated[
+        int | None, Query(ge=1, le=4096, description="candidates: FAISS neighbours per query token (k')")
+    ] = None,
+    mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
+) -> dict:
+    """Rank the indexed images by MaxSim similarity to the uploaded image."""
+    k = k or settings.default_k
+    depth = depth or settings.default_depth
+    if k > settings.max_k:
+        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
+    if depth > settings.max_depth:
+        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:
+        raise APIError(
+            413, "payload_too_large", f"upload is larger than the limit of {settings.max_upload_bytes:,} bytes"
+        )
+    data = await read_upload(file, settings.max_upload_bytes)
+    return await run_in_threadpool(engine.search_bytes, data, k=k, depth=depth, mode=mode)

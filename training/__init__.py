@@ -1,0 +1,1 @@
+"""regis training: fine-tuning encoders (multi-vector triplet recipe, DMCAC) and retrieval evaluation."""
