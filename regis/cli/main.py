@@ -10,6 +10,7 @@ from typing import Annotated
 
 import click
 import typer
+from pydantic import ValidationError
 
 from indexer.cli import app as index_app
 from regis.cli.options import Device, Weights
@@ -94,5 +95,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except RegisError as exc:
         typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except ValidationError as exc:  # settings or configs built from the command line
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        typer.echo(f"error: invalid value: {problems}", err=True)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from regis.errors import ConfigError, IndexLockedError, IndexMismatchError
+from regis.errors import ConfigError, IndexFormatError, IndexLockedError, IndexMismatchError
 from regis.indexes import faiss_index
 from regis.indexes.layout import (
     CURRENT_FILE,
@@ -369,22 +369,31 @@ class IndexWriter:
         final = self.dir / VERSIONS_DIR / version_name(self.version)
         os.replace(self.tmp_dir, final)
         fsync_dir(self.dir / VERSIONS_DIR)
-        write_bytes_atomic(self.dir / CURRENT_FILE, (version_name(self.version) + "\n").encode())
+        try:
+            write_bytes_atomic(self.dir / CURRENT_FILE, (version_name(self.version) + "\n").encode())
+        except BaseException:
+            shutil.rmtree(final, ignore_errors=True)  # never published: CURRENT still names the old version
+            raise
 
     def _collect_garbage(self) -> None:
-        """Drop old versions (keeping ``keep_versions``), unpublished leftovers and unreferenced segments."""
+        """Keep the live version and its ``keep_versions - 1`` nearest ancestors (the parent chain); drop every
+        other version directory (older ones, and leftovers of writers that died before publishing), temporary
+        files, and the segments no kept version references."""
         versions_dir = self.dir / VERSIONS_DIR
-        keep = [v for v in _published_versions(self.dir) if v <= self.version][-self.keep_versions :]
+        keep: dict[int, Manifest] = {}
+        version: int | None = self.version
+        while version is not None and len(keep) < self.keep_versions:
+            try:
+                manifest = read_manifest(versions_dir / version_name(version))
+            except IndexFormatError:  # an ancestor already gone or damaged ends the chain
+                break
+            keep[version] = manifest
+            version = manifest.parent_version
         for p in versions_dir.iterdir():
             is_version = p.name.startswith("v") and p.name[1:].isdigit()
             if p.name.startswith(TMP_PREFIX) or (is_version and int(p.name[1:]) not in keep):
                 shutil.rmtree(p, ignore_errors=True)
-        referenced = set()
-        for v in keep:
-            try:
-                referenced.update(s.file for s in read_manifest(versions_dir / version_name(v)).segments)
-            except Exception:  # an unreadable old version keeps nothing alive; the live one was just written
-                continue
+        referenced = {seg.file for manifest in keep.values() for seg in manifest.segments}
         for p in (self.dir / SEGMENTS_DIR).iterdir():
             if p.name not in referenced:
                 p.unlink(missing_ok=True)

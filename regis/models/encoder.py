@@ -222,6 +222,8 @@ def build_encoder(
     elif stored.get("backbone") not in (None, backbone):
         raise WeightsError(f"{weights} holds a {stored['backbone']} encoder, not {backbone}")
     spec = get_backbone_spec(backbone)
+    if roi_size is not None:
+        check_roi_size(roi_size)
     if border is not None and border not in BORDER_MODES:
         raise ConfigError(f"border must be one of {BORDER_MODES}, got {border!r}")
     if token_set is not None and token_set not in TOKEN_SETS:

@@ -1,0 +1,32 @@
+# regis: the two commands of the README are `make demo` and `make test`; both set up .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+# torch + torchvision first, pinned to releases that install from a local wheel cache on our CI machines;
+# override with e.g. `make TORCH="torch torchvision" demo` elsewhere.
+TORCH ?= torch==2.14.1 torchvision==0.29.1
+BIN := $(VENV)/bin
+
+.PHONY: install demo test lint serve-demo clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## Install, index the bundled photos with the offline backbone, start the service, query it over HTTP.
+demo: install
+	$(BIN)/python scripts/demo.py
+
+## Run the test suite.
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf demo-data .pytest_cache

@@ -1,0 +1,53 @@
+"""Shared fixtures: the bundled real photos, a tiny random encoder, the offline EfficientNet-Lite0 encoder,
+and indexes built from the photos."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
+
+
+@pytest.fixture(scope="session")
+def photos_dir(tmp_path_factory) -> Path:
+    """The real photos bundled in scikit-image, scikit-learn and matplotlib (21 files)."""
+    from regis.data.sample_photos import collect_sample_photos
+
+    out = tmp_path_factory.mktemp("photos")
+    collect_sample_photos(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder():
+    """A 2-block random ViT with 4 registers at 64 px (D = 32): fast, for the mechanics."""
+    from regis.models.encoder import build_encoder
+
+    return build_encoder("vit-tiny-reg4-test", random_init=True, seed=0)
+
+
+@pytest.fixture(scope="session")
+def lite0_encoder():
+    """The offline backbone with its real ImageNet weights: for results on real photos."""
+    from regis.models.encoder import build_encoder
+
+    return build_encoder("efficientnet-lite0")
+
+
+def build(images: Path, index: Path, encoder, **kwargs):
+    """Build or update an index quietly (no progress bar, decoding in-process)."""
+    from indexer.build import BuildOptions, build_index
+
+    options = BuildOptions(progress=False, num_workers=kwargs.pop("num_workers", 0), **kwargs)
+    return build_index(images, index, encoder, options)
+
+
+@pytest.fixture(scope="session")
+def lite0_index(tmp_path_factory, photos_dir, lite0_encoder) -> Path:
+    """An index of the bundled photos made with EfficientNet-Lite0 (built once per session)."""
+    index = tmp_path_factory.mktemp("lite0-index")
+    build(photos_dir, index, lite0_encoder)
+    return index

@@ -1,0 +1,61 @@
+"""The command line as a user runs it: `python -m regis ...` in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def regis(*args, check=True):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-m", "regis", *map(str, args)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    if check and out.returncode != 0:
+        raise AssertionError(f"regis {args} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def cli_index(tmp_path_factory, photos_dir):
+    index = tmp_path_factory.mktemp("cli") / "index"
+    out = regis("index", "build", photos_dir, "--index", index, "--backbone", "vit-tiny-reg4-test", "--random-init",
+                "--no-progress", "--json")
+    report = json.loads(out.stdout)
+    assert report["added"] == 21 and report["version"] == 1
+    return index
+
+
+def test_rebuild_reuses_the_index_encoder_and_changes_nothing(cli_index, photos_dir):
+    out = regis("index", "build", photos_dir, "--index", cli_index, "--no-progress")
+    assert "21 unchanged" in out.stdout and "no change" in out.stdout
+
+
+def test_search_prints_ranked_results(cli_index, photos_dir):
+    out = regis("search", cli_index, photos_dir / "skimage-coffee.png", "-k", "3")
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3 and lines[0].split()[0] == "1" and lines[0].endswith("skimage-coffee.png")
+    as_json = json.loads(regis("search", cli_index, photos_dir / "skimage-coffee.png", "--json", "--exact").stdout)
+    assert as_json["mode"] == "exact" and as_json["results"][0]["path"] == "skimage-coffee.png"
+
+
+def test_errors_name_the_file_and_exit_2(cli_index, tmp_path):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"nope")
+    out = regis("search", cli_index, bad, check=False)
+    assert out.returncode == 2 and "broken.jpg" in out.stderr and "not an image" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = regis("search", cli_index, tmp_path / "missing.png", check=False)
+    assert out.returncode == 2 and "missing.png" in out.stderr
+    out = regis("index", "build", tmp_path / "no-such-folder", "--index", tmp_path / "i", check=False)
+    assert out.returncode == 2 and "no-such-folder" in out.stderr
+    out = regis("index", "build", tmp_path, "--index", tmp_path / "i", "--roi-size", "4", "--random-init",
+                "--backbone", "vit-tiny-reg4-test", check=False)
+    assert out.returncode == 2 and "odd" in out.stderr
+
+
+def test_info_and_backbones(cli_index):
+    manifest = json.loads(regis("index", "info", cli_index).stdout)
+    assert manifest["encoder"]["backbone"] == "vit-tiny-reg4-test" and manifest["tokens_per_image"] == 10
+    assert "efficientnet-lite0" in regis("backbones").stdout
