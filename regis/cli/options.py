@@ -19,7 +19,7 @@ Weights = Annotated[
 RandomInit = Annotated[bool, typer.Option("--random-init", help="Random weights (tests only).")]
 RoiSize = Annotated[int | None, typer.Option("--roi-size", "-N", help="ROI window side N in patches (odd; default 3).")]
 CueMethod = Annotated[
-    str | None, typer.Option("--cue-method", help="CNN backbones: kmeans (default), attention or grid.")
+    str | None, typer.Option("--cue-method", help="CNN backbones: grid (default), kmeans or attention.")
 ]
 Device = Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:1 ...")]
 

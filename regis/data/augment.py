@@ -51,42 +51,40 @@ def color_jitter(img: Image.Image, rng: np.random.Generator, strength: float = 0
     return img
 
 
-def edit_crop(img: Image.Image, rng: np.random.Generator) -> bytes:
-    """Crop to 50-80 % of the area; saved as PNG (lossless)."""
-    buf = io.BytesIO()
-    random_crop(img, rng).save(buf, format="PNG")
-    return buf.getvalue()
+def make_edits(crop_area: tuple[float, float] = (0.5, 0.8)) -> dict[str, Edit]:
+    """The five edits, with crops keeping a fraction ``crop_area`` (low, high) of the area.
+
+    - ``crop``: a crop, saved as PNG (lossless);
+    - ``resize``: downscale to 40-80 %, PNG;
+    - ``jpeg``: re-encode as JPEG at quality 10-30;
+    - ``color``: brightness, contrast and saturation +-40 %, PNG;
+    - ``mixed``: crop + downscale + colour jitter (+-20 %) + JPEG quality 30-60.
+    """
+    low, high = crop_area
+
+    def png(img: Image.Image) -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        return buf.getvalue()
+
+    def crop(img: Image.Image, rng: np.random.Generator) -> bytes:
+        return png(random_crop(img, rng, low, high))
+
+    def resize(img: Image.Image, rng: np.random.Generator) -> bytes:
+        return png(rescale(img, rng))
+
+    def jpeg(img: Image.Image, rng: np.random.Generator) -> bytes:
+        return encode_jpeg(img, quality=int(rng.integers(10, 31)))
+
+    def color(img: Image.Image, rng: np.random.Generator) -> bytes:
+        return png(color_jitter(img, rng))
+
+    def mixed(img: Image.Image, rng: np.random.Generator) -> bytes:
+        out = color_jitter(rescale(random_crop(img, rng, low, high), rng), rng, strength=0.2)
+        return encode_jpeg(out, quality=int(rng.integers(30, 61)))
+
+    return {"crop": crop, "resize": resize, "jpeg": jpeg, "color": color, "mixed": mixed}
 
 
-def edit_resize(img: Image.Image, rng: np.random.Generator) -> bytes:
-    """Downscale to 40-80 %; saved as PNG."""
-    buf = io.BytesIO()
-    rescale(img, rng).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def edit_jpeg(img: Image.Image, rng: np.random.Generator) -> bytes:
-    """Re-encode as JPEG at quality 10-30."""
-    return encode_jpeg(img, quality=int(rng.integers(10, 31)))
-
-
-def edit_color(img: Image.Image, rng: np.random.Generator) -> bytes:
-    """Colour jitter (brightness, contrast, saturation +-40 %); saved as PNG."""
-    buf = io.BytesIO()
-    color_jitter(img, rng).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def edit_mixed(img: Image.Image, rng: np.random.Generator) -> bytes:
-    """Crop (50-80 %) + downscale (40-80 %) + colour jitter + JPEG quality 30-60: the demo's query."""
-    out = color_jitter(rescale(random_crop(img, rng), rng), rng, strength=0.2)
-    return encode_jpeg(out, quality=int(rng.integers(30, 61)))
-
-
-EDITS: dict[str, Edit] = {
-    "crop": edit_crop,
-    "resize": edit_resize,
-    "jpeg": edit_jpeg,
-    "color": edit_color,
-    "mixed": edit_mixed,
-}
+EDITS: dict[str, Edit] = make_edits()
+edit_mixed: Edit = EDITS["mixed"]

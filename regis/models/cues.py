@@ -4,11 +4,12 @@ A CNN gives an h x w feature map and no prefix tokens. regis defines its R + 1 c
 training, so that every backbone yields the same 10-token layout: cue 0 is the global average pool (the
 CNN's "CLS"), cues 1..R are part tokens computed from the local features by one of:
 
+- ``grid`` (the default, chosen by measurement, see README): the mean of each cell of a sqrt(R) x sqrt(R)
+  spatial grid (R must be a square: 4 -> quadrants).
 - ``kmeans``: centroids of a cosine k-means (R clusters) over the h*w local features, initialised by
   farthest-point sampling from the most salient (largest-norm) feature; a fixed number of Lloyd steps.
 - ``attention``: attention pooling, one softmax(cos / tau) map per query, the queries being the same
   farthest-point seeds as ``kmeans`` (a soft, one-step version of it).
-- ``grid``: the mean of each cell of a sqrt(R) x sqrt(R) spatial grid (R must be a square: 4 -> quadrants).
 
 The ROI rule (buddy patch + N x N window) is then applied to these cues exactly as for a ViT. Which method
 is the default is decided by measurement: ``scripts/eval_instance_retrieval.py --cue-method ...`` (README).
