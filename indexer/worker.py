@@ -138,7 +138,7 @@ def perform_job(spec: dict) -> dict:
     try:
         parsed = JobSpec.model_validate(spec)
     except ValidationError as exc:
-        return {"ok": False, "error": {"code": "invalid_job", "message": f"invalid job: {exc.error_count()} errors"}}
+        return reporter.refuse(JobError(code="invalid_job", message=f"invalid job: {exc.error_count()} errors"))
     ctx = JobContext(
         index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
         encoder=lambda: _encoder(settings), batch_size=settings.build_batch_size,
@@ -151,7 +151,7 @@ def perform_job(spec: dict) -> dict:
         raise
     except RegisError as exc:
         log.warning("job %s refused: %s", job.id, exc)
-        return {"ok": False, "error": {"code": error_code(exc), "message": str(exc)}}
+        return reporter.refuse(JobError(code=error_code(exc), message=str(exc)))
     except Exception as exc:
         log.exception("job %s failed", job.id)
         reporter.error(JobError(code="internal", message=f"the job failed unexpectedly ({type(exc).__name__}); "

@@ -188,7 +188,7 @@ class RedisJobQueue(JobQueue):
             ids = [i.decode() for i in self.conn.zrevrange(self.names.recent_jobs, 0, self.history - 1)]
             for job in Job.fetch_many(ids, connection=self.conn, serializer=JSONSerializer) if ids else []:
                 if job is not None:
-                    out[self._state(job)[0]] += 1
+                    out[self._state(job, details=False)[0]] += 1
         return out
 
     def ping(self) -> bool:
@@ -205,23 +205,24 @@ class RedisJobQueue(JobQueue):
         self.conn.close()
 
     # ------------------------------------------------------------------ RQ job -> JobInfo
-    def _state(self, job) -> tuple[str, dict | None, JobError | None]:
+    def _state(self, job, details: bool = True) -> tuple[str, dict | None, JobError | None]:
+        """(state, result, error); without ``details`` only the state is right (no extra Redis reads)."""
         from rq.job import JobStatus
 
         status = job.get_status(refresh=False)
         meta = job.meta or {}
-        attempts = int(meta.get("attempts", 0))
         if status == JobStatus.FINISHED:
-            value = job.return_value() or {}
-            if value.get("ok") is False:
-                return "failed", None, JobError.model_validate(value.get("error") or {
+            if meta.get("refused"):  # the job function returned {"ok": false, ...}
+                return "failed", None, JobError.model_validate(meta.get("error") or {
                     "code": "job_error", "message": "the job was refused"})
+            value = (job.return_value() or {}) if details else {}
             return "done", value.get("result"), None
         if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
             if meta.get("error"):
                 return "failed", None, JobError.model_validate(meta["error"])
-            latest = job.latest_result()
-            return "failed", None, _failure_reason(latest.exc_string if latest else None, attempts)
+            latest = job.latest_result() if details else None
+            return "failed", None, _failure_reason(latest.exc_string if latest else None,
+                                                   int(meta.get("attempts", 0)))
         if status == JobStatus.STARTED:
             return "running", None, None
         return "queued", None, None  # queued, scheduled or deferred (e.g. waiting for a retry)
@@ -257,6 +258,7 @@ class JobReporter:
         """Count a new attempt (clears an earlier attempt's error); returns the attempt number."""
         self.job.meta["attempts"] = int(self.job.meta.get("attempts", 0)) + 1
         self.job.meta.pop("error", None)
+        self.job.meta.pop("refused", None)
         self.job.meta["worker_pid"] = worker_pid
         self.job.meta["progress"] = JobProgress(phase="starting").model_dump()
         self.job.save_meta()
@@ -275,3 +277,9 @@ class JobReporter:
         """Record a client-safe reason before the job fails (shown once no retry is left)."""
         self.job.meta["error"] = error.model_dump()
         self.job.save_meta()
+
+    def refuse(self, error: JobError) -> dict:
+        """Record that the job is refused for good (no retry) and return the job function's value for it."""
+        self.job.meta["refused"] = True
+        self.error(error)
+        return {"ok": False, "error": error.model_dump()}

@@ -136,6 +136,15 @@ def test_compose_topology_as_processes(tmp_path, images_root, photos_dir, redis_
         assert job["state"] == "failed" and job["error"]["code"] == "worker_lost", job
         assert "no retries left" in job["error"]["message"] and job["attempts"] == 1
         assert read_current(index) == "v000004" and search(coffee)["index_version"] == 4
+
+        # the worker checks folders again: a job naming a folder outside the root is refused, not retried
+        job = follow(queue.submit(JobSpec(kind="index", folder="../..")).id)
+        assert job["state"] == "failed" and job["error"]["code"] == "invalid_job" and job["attempts"] == 1, job
+        assert "'..'" in job["error"]["message"]
+        counts = {line.split()[0]: float(line.split()[1]) for line in http.get("/metrics").text.splitlines()
+                  if line.startswith("regis_jobs{")}
+        assert counts == {'regis_jobs{state="done"}': 4.0, 'regis_jobs{state="failed"}': 2.0,
+                          'regis_jobs{state="queued"}': 0.0, 'regis_jobs{state="running"}': 0.0}
         time.sleep(0.2)
         assert api.poll() is None and worker.poll() is None
     finally:
