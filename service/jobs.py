@@ -24,14 +24,9 @@ def make_job_queue(settings, live: LiveIndex) -> JobQueue:
     from indexer import JobContext, execute_job
     from regis.jobs.queue import LocalJobQueue
 
-    def encoder():
-        if live.encoder is None:
-            live.encoder = live._build_encoder()
-        return live.encoder
-
     ctx = JobContext(
         index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
-        encoder=encoder, batch_size=settings.build_batch_size, num_workers=settings.build_workers,
+        encoder=live.ensure_encoder, batch_size=settings.build_batch_size, num_workers=settings.build_workers,
         lock_timeout_s=settings.lock_timeout_s,
     )
     return LocalJobQueue(lambda spec, report: execute_job(spec, ctx, report), on_done=lambda _: live.refresh())

@@ -61,6 +61,17 @@ class LiveIndex:
         s = self.settings
         return encoder_for(self.index_dir, s.backbone, s.weights, s.random_init, None, None, s.device)
 
+    def ensure_encoder(self):
+        """The service's encoder, built from the settings (or the index's manifest) on first use.
+
+        Raises:
+            ConfigError / WeightsError: the configured encoder cannot be built.
+        """
+        with self._lock:
+            if self.encoder is None:
+                self.encoder = self._build_encoder()
+            return self.encoder
+
     def load(self) -> None:
         """Open the live version at startup.
 
@@ -120,7 +131,7 @@ class LiveIndex:
             try:
                 if engine is None:
                     if self.encoder is None:
-                        self.encoder = self._build_encoder()
+                        self.encoder = self._build_encoder()  # (the lock is held: not ensure_encoder)
                     self.engine = QueryEngine(self.encoder, snapshot, self.settings.device, self.settings.max_pixels)
                 else:
                     engine.swap(snapshot)  # the old snapshot goes when the last query using it returns
