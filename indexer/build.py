@@ -22,6 +22,7 @@ from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from regis.errors import ConfigError
 from regis.images.decode import DEFAULT_MAX_PIXELS
 from regis.indexes.table import ImageRecord
+from regis.indexes.uploads import is_upload_path
 from regis.indexes.writer import IndexWriter
 from regis.models.encoder import RegisEncoder
 from regis.models.transforms import eval_transform
@@ -43,6 +44,9 @@ class BuildOptions:
         progress: show a tqdm progress bar (images/s) on stderr.
         on_progress: called after each batch with {"done", "total", "skipped", "images_per_s"}.
         lock_timeout_s: wait this long for another writer of the same index.
+        images_root: the folder the index's image paths are relative to (None: the folder being built). When
+            set, the folder built must lie inside it and the build only adds, updates and removes images below
+            that folder: images of other folders under the root stay as they are.
     """
 
     batch_size: int = 32
@@ -54,6 +58,7 @@ class BuildOptions:
     progress: bool = True
     on_progress: ProgressFn | None = None
     lock_timeout_s: float = 0.0
+    images_root: Path | str | None = None
 
 
 @dataclass
@@ -170,6 +175,17 @@ def _embed(
     return failed_ids
 
 
+def _managed_records(writer: IndexWriter, images_root: str, scope: str) -> dict[str, ImageRecord]:
+    """The table rows this build compares its scan with: never uploads; with a scope, only rows below it
+    (unless the index's images root changed, when every old folder path is stale)."""
+    root_changed = writer.base is not None and writer.base.images_root not in (None, images_root)
+    prefix = f"{scope}/" if scope else ""
+    return {
+        path: rec for path, rec in writer.table.by_path().items()
+        if not is_upload_path(path) and (root_changed or path.startswith(prefix))
+    }
+
+
 def build_index(
     images_dir: Path | str,
     index_dir: Path | str,
@@ -177,6 +193,9 @@ def build_index(
     options: BuildOptions | None = None,
 ) -> BuildReport:
     """Create or incrementally update the index in ``index_dir`` from the images below ``images_dir``.
+
+    Uploaded images (table paths under ``.uploads/``, see ``regis.indexes.uploads``) are never touched by a
+    build; with ``options.images_root`` set, neither are images of other folders under that root.
 
     Args:
         images_dir: the folder to index (walked recursively).
@@ -188,7 +207,7 @@ def build_index(
         The build report (also saved as ``build_report.json`` in the new version, when there is one).
 
     Raises:
-        ConfigError: ``images_dir`` is not a folder.
+        ConfigError: ``images_dir`` is not a folder, or lies outside ``options.images_root``.
         IndexMismatchError: the index was built with another encoder.
         IndexLockedError: another build holds the index.
     """
@@ -198,14 +217,22 @@ def build_index(
     root = Path(images_dir).expanduser().resolve()
     if not root.is_dir():
         raise ConfigError(f"image folder {root} does not exist or is not a directory")
+    base = Path(options.images_root).expanduser().resolve() if options.images_root else root
+    if not root.is_relative_to(base):
+        raise ConfigError(f"image folder {root} is not inside the images root {base}")
+    scope = root.relative_to(base).as_posix() if root != base else ""
+    if any(part.startswith(".") for part in Path(scope).parts):
+        raise ConfigError(f"image folder {root} is hidden (a name starts with '.'); scans skip hidden folders")
     index_path = Path(index_dir).expanduser().resolve()
     t_total = time.perf_counter()
-    report = BuildReport(images_root=str(root), index_dir=str(index_path))
+    report = BuildReport(images_root=str(base), index_dir=str(index_path))
     with IndexWriter(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
-                     nprobe=options.nprobe, images_root=str(root), lock_timeout_s=options.lock_timeout_s) as writer:
+                     nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s) as writer:
         t0 = time.perf_counter()
         entries = scan_folder(root, exclude=(index_path,))
-        plan = plan_changes(entries, writer.table.by_path())
+        if scope:
+            entries = [FileEntry(f"{scope}/{e.path}", e.abspath, e.bytes, e.mtime) for e in entries]
+        plan = plan_changes(entries, _managed_records(writer, str(base), scope))
         changed, touched = _split_modified(plan.modified)
         report.scan_s = time.perf_counter() - t0
         report.scanned = len(entries)

@@ -64,3 +64,53 @@ def info(index: Annotated[Path, typer.Argument(help="Index directory.")]) -> Non
         typer.echo(json.dumps(snap.manifest.to_json(), indent=2))
     finally:
         snap.close()
+
+
+def worker(
+    redis_url: Annotated[
+        str | None, typer.Option("--redis-url", help="Redis holding the job queue (env REGIS_REDIS_URL).")
+    ] = None,
+    index: Annotated[Path | None, typer.Option("--index", "-i", help="Index directory (env REGIS_INDEX_DIR).")] = None,
+    images_root: Annotated[
+        Path | None, typer.Option("--images-root", help="The folder index jobs may read (env REGIS_IMAGES_ROOT).")
+    ] = None,
+    uploads_dir: Annotated[
+        Path | None, typer.Option("--uploads-dir", help="Where uploads are stored (env REGIS_UPLOADS_DIR).")
+    ] = None,
+    backbone: Backbone = None,
+    weights: Weights = None,
+    random_init: RandomInit = False,
+    device: Annotated[str | None, typer.Option("--device", help="torch device: cpu, cuda, cuda:1 ...")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Images per forward pass.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="Decoding processes per job.")] = None,
+    job_monitoring_interval: Annotated[
+        int | None, typer.Option("--job-monitoring-interval", help="Heartbeat period while a job runs, s.")
+    ] = None,
+    heartbeat_grace: Annotated[
+        int | None, typer.Option("--heartbeat-grace", help="A job this late on its heartbeat is abandoned, s.")
+    ] = None,
+    maintenance_interval: Annotated[
+        int | None, typer.Option("--maintenance-interval", help="How often abandoned jobs are looked for, s.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Worker name (default HOSTNAME.PID).")] = None,
+    burst: Annotated[bool, typer.Option("--burst", help="Stop when the queue is empty.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Healthcheck: exit 0 if a worker of this host is registered, else 1.")
+    ] = False,
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
+) -> None:
+    """Run indexing jobs from Redis (POST /v1/jobs/index, uploads, deletes) and announce new index versions.
+    Other settings come from REGIS_* environment variables (docs/DEPLOY.md)."""
+    from indexer.worker import WorkerSettings, check_worker, run_worker
+
+    given = {
+        "redis_url": redis_url, "index_dir": index, "images_root": images_root, "uploads_dir": uploads_dir,
+        "backbone": backbone, "weights": weights, "random_init": random_init or None, "device": device,
+        "build_batch_size": batch_size, "build_workers": workers,
+        "job_monitoring_interval_s": job_monitoring_interval, "heartbeat_grace_s": heartbeat_grace,
+        "maintenance_interval_s": maintenance_interval,
+    }
+    settings = WorkerSettings(**{k: v for k, v in given.items() if v is not None})
+    if check:
+        raise typer.Exit(0 if check_worker(settings) else 1)
+    run_worker(settings, burst=burst, name=name, log_level=log_level)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -10,14 +11,16 @@ from fastapi.responses import FileResponse
 
 import regis
 from service.errors import install_error_handlers
-from service.routes import health, images, search
+from service.metrics import Metrics, MetricsMiddleware
+from service.routes import health, images, jobs, metrics, search
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
+log = logging.getLogger("regis.service")
 
 
 def load_engine(settings: Settings):
-    """Open the index and its encoder (what the lifespan runs once at startup)."""
+    """Open the index and its encoder (read-only serving, no live updates)."""
     from regis.retrieve.query import QueryEngine, set_torch_threads
 
     set_torch_threads(settings.torch_threads)
@@ -29,23 +32,64 @@ def load_engine(settings: Settings):
     )
 
 
+def _start(app: FastAPI, settings: Settings) -> None:
+    """Lifespan start: the live index, the job queue, the cache and the index watcher."""
+    from regis.jobs.names import RedisNames
+    from service.jobs import make_job_queue
+    from service.live import IndexWatcher, LiveIndex
+
+    metrics: Metrics = app.state.metrics
+
+    def on_swap(version: int) -> None:
+        metrics.index_swaps.inc()
+
+    live = LiveIndex(settings, on_swap=on_swap)
+    live.load()
+    app.state.live = live
+    names = RedisNames(settings.redis_prefix)
+    if settings.enable_jobs:
+        app.state.jobs = make_job_queue(settings, live)
+    if settings.redis_url and settings.cache_ttl_s > 0:
+        from regis.jobs.cache import QueryCache
+        from regis.jobs.rq_queue import redis_connection
+
+        app.state.cache = QueryCache(redis_connection(settings.redis_url, timeout_s=1.0), names,
+                                     ttl_s=settings.cache_ttl_s)
+    app.state.watcher = IndexWatcher(live, settings.index_poll_s, settings.redis_url, names.index_updates).start()
+
+
+def _stop(app: FastAPI) -> None:
+    for name in ("watcher", "jobs"):
+        component = getattr(app.state, name, None)
+        if component is not None:
+            try:
+                component.stop() if name == "watcher" else component.close()
+            except Exception:
+                log.exception("stopping %s", name)
+    live = getattr(app.state, "live", None)
+    if live is not None:
+        live.close()
+
+
 def create_app(settings: Settings, load: bool = True) -> FastAPI:
     """Build the app.
 
     Args:
         settings: service settings.
-        load: open the index and encoder in the lifespan (tests that override ``get_engine`` pass False).
+        load: open the index and encoder, and start the job queue and the index watcher, in the lifespan
+            (tests that override ``get_engine`` pass False).
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.settings = settings
-        app.state.engine = load_engine(settings) if load else None
+        app.state.live = app.state.jobs = app.state.cache = app.state.watcher = None
         try:
+            if load:
+                _start(app, settings)
             yield
         finally:
-            if app.state.engine is not None:
-                app.state.engine.close()
+            _stop(app)
 
     app = FastAPI(
         title="regis",
@@ -54,10 +98,14 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(search.router)
     app.include_router(images.router)
+    app.include_router(jobs.router)
+    app.include_router(metrics.router)
 
     @app.get("/", include_in_schema=False)
     def home() -> FileResponse:

@@ -7,25 +7,47 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import Device, Weights
+from regis.cli.options import Backbone, RandomInit, Weights
 
 
 def serve(
-    index: Annotated[Path, typer.Option("--index", "-i", help="Index directory to serve.")],
+    index: Annotated[
+        Path | None, typer.Option("--index", "-i", help="Index directory to serve (env REGIS_INDEX_DIR).")
+    ] = None,
     host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="TCP port.")] = 8000,
     weights: Weights = None,
-    device: Device = "cpu",
+    device: Annotated[str | None, typer.Option("--device", help="torch device: cpu, cuda, cuda:1 ...")] = None,
     images_root: Annotated[
-        Path | None, typer.Option("--images-root", help="Folder the index's paths resolve against.")
+        Path | None, typer.Option("--images-root", help="Folder the index's paths resolve against; index jobs "
+                                                        "may read only below it.")
     ] = None,
+    enable_jobs: Annotated[
+        bool | None, typer.Option("--enable-jobs/--read-only", help="Accept index jobs, uploads and deletes "
+                                                                   "(env REGIS_ENABLE_JOBS; default read-only).")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option("--redis-url", help="Redis for jobs, index-update notices and the query cache "
+                                                     "(env REGIS_REDIS_URL; default: embedded jobs, no cache).")
+    ] = None,
+    uploads_dir: Annotated[
+        Path | None, typer.Option("--uploads-dir", help="Where uploaded images are stored.")
+    ] = None,
+    backbone: Backbone = None,
+    random_init: RandomInit = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve an index over HTTP: POST /v1/search, GET /v1/images/{id}, /healthz, OpenAPI at /docs."""
+    """Serve an index over HTTP: POST /v1/search, GET /v1/images/{id}, jobs and uploads (with --enable-jobs),
+    /healthz, /readyz, /metrics, OpenAPI at /docs. Other settings come from REGIS_* environment variables."""
     import uvicorn
 
     from service.app import create_app
     from service.settings import Settings
 
-    settings = Settings(index_dir=index, weights=weights, device=device, images_root=images_root)
+    given = {
+        "index_dir": index, "weights": weights, "device": device, "images_root": images_root,
+        "enable_jobs": enable_jobs, "redis_url": redis_url, "uploads_dir": uploads_dir, "backbone": backbone,
+        "random_init": random_init or None,
+    }
+    settings = Settings(**{k: v for k, v in given.items() if v is not None})
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from regis.errors import ConfigError, ImageDecodeError, ImageTooLargeError, IndexFormatError
+from regis.jobs.model import QueueUnavailableError
 
 log = logging.getLogger("regis.service")
 
@@ -53,6 +54,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _no_index(_: Request, exc: IndexFormatError):
         log.error("index unavailable: %s", exc)
         return JSONResponse(error_body("index_unavailable", "the index cannot be read"), status_code=503)
+
+    @app.exception_handler(QueueUnavailableError)
+    async def _queue_down(_: Request, exc: QueueUnavailableError):
+        return JSONResponse(error_body("queue_unavailable", str(exc)), status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):

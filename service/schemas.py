@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from regis.jobs.model import JobInfo
+
 
 class SearchHit(BaseModel):
     """One ranked image."""
@@ -71,3 +73,53 @@ class ErrorResponse(BaseModel):
     """Every 4xx/5xx response has this body."""
 
     error: ErrorDetail
+
+
+class Readiness(BaseModel):
+    """Readiness: ``checks`` says what is ok and what is missing (``index``, ``redis`` when configured)."""
+
+    ready: bool
+    index_version: int | None
+    checks: dict[str, str]
+    error: ErrorDetail | None = None
+
+
+class IndexJobRequest(BaseModel):
+    """A folder to index, relative to the service's images root ("" or "." = the root itself)."""
+
+    folder: str = Field(default="", max_length=4096, description="folder under the images root, e.g. 'cats/2024'")
+
+
+class JobList(BaseModel):
+    """Recent jobs, newest first."""
+
+    jobs: list[JobInfo]
+
+
+class UploadedImage(BaseModel):
+    """What became of one uploaded file."""
+
+    filename: str
+    sha256: str = Field(description="SHA-256 of the file's bytes: the same bytes are one image")
+    id: int | None = Field(default=None, description="image id (None while pending, or when skipped)")
+    status: str = Field(description="added, exists (same bytes already indexed), skipped, or pending")
+    reason: str | None = None
+
+
+class UploadResponse(BaseModel):
+    """The result of POST /v1/images: 201 once indexed, 202 while the job is still running."""
+
+    job_id: str
+    state: str
+    index_version: int | None = Field(description="the version that answers searches now")
+    images: list[UploadedImage]
+
+
+class DeleteResponse(BaseModel):
+    """The result of DELETE /v1/images/{id}: 200 once removed, 202 while the job is still running."""
+
+    id: int
+    job_id: str
+    state: str
+    deleted: bool
+    index_version: int | None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,6 +21,26 @@ class Settings(BaseSettings):
         default_k, max_k: results per query by default and at most.
         default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default and at most.
         torch_threads: torch intra-op threads (None: torch's default).
+
+    Jobs, uploads and live updates (docs/DEPLOY.md):
+        enable_jobs: accept index jobs, uploads and deletes, and start without an index (REGIS_ENABLE_JOBS).
+        redis_url: Redis for the job queue, index-update notices and the query cache (None: jobs run in a
+            thread of the API, no cache).
+        redis_prefix: prefix of every Redis key, queue and channel of this deployment.
+        uploads_dir: where uploaded images are stored (default: ``images_root/.uploads``, else
+            ``index_dir/uploads``). ``images_root`` is also the only folder index jobs may read.
+        backbone, random_init: the encoder when there is no index yet (with ``weights``; default: the
+            offline efficientnet-lite0). An existing index must have been built with the same encoder.
+        job_retries: re-runs of a job whose worker died or failed unexpectedly (Redis queue).
+        job_timeout_s: a job running longer is stopped, seconds.
+        write_wait_s: how long POST /v1/images and DELETE /v1/images/{id} wait for their job before
+            answering 202 with the job id, seconds.
+        max_upload_files: images per POST /v1/images.
+        cache_ttl_s: lifetime of cached search results in Redis, seconds (0: no cache).
+        index_poll_s: how often the service also checks the index directory for a new version, seconds
+            (besides the worker's pub/sub notice).
+        build_batch_size, build_workers: embedded jobs: images per forward pass, decoding processes.
+        lock_timeout_s: how long a job waits for another writer of the index, seconds.
     """
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
@@ -36,6 +56,22 @@ class Settings(BaseSettings):
     default_depth: int = Field(default=64, ge=1, le=4096)
     max_depth: int = Field(default=1024, ge=1, le=4096)
     torch_threads: int | None = Field(default=None, ge=1)
+    # jobs, uploads and live updates
+    enable_jobs: bool = False
+    redis_url: str | None = None
+    redis_prefix: str = "regis"
+    uploads_dir: Path | None = None
+    backbone: str | None = None
+    random_init: bool = False
+    job_retries: int = Field(default=2, ge=0, le=20)
+    job_timeout_s: int = Field(default=24 * 3600, ge=10)
+    write_wait_s: float = Field(default=30.0, ge=0, le=600)
+    max_upload_files: int = Field(default=32, ge=1, le=1000)
+    cache_ttl_s: int = Field(default=300, ge=0, le=7 * 24 * 3600)
+    index_poll_s: float = Field(default=2.0, ge=0.05, le=3600)
+    build_batch_size: int = Field(default=32, ge=1, le=4096)
+    build_workers: int | None = Field(default=0, ge=0, le=64)
+    lock_timeout_s: float = Field(default=300.0, ge=0)
 
     @field_validator("device")
     @classmethod
@@ -51,3 +87,33 @@ class Settings(BaseSettings):
         if v < default:
             raise ValueError(f"max_k ({v}) must be >= default_k ({default})")
         return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v or None
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _redis_prefix(cls, v: str) -> str:
+        from regis.errors import ConfigError
+        from regis.jobs.names import check_prefix
+
+        try:
+            return check_prefix(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _encoder_choice(self) -> Settings:
+        if self.random_init and self.weights is not None:
+            raise ValueError("give either weights or random_init, not both")
+        return self
+
+    def resolved_uploads_dir(self) -> Path:
+        """The uploads folder, default applied."""
+        from regis.indexes.uploads import default_uploads_dir
+
+        return self.uploads_dir or default_uploads_dir(self.index_dir, self.images_root)

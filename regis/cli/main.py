@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from indexer.cli import app as index_app
+from indexer.cli import worker
 from regis.cli.options import Device, Weights
 from regis.errors import RegisError
 from service.cli import serve
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(index_app, name="index")
 app.command("serve")(serve)
+app.command("worker")(worker)
 register_training(app)
 
 

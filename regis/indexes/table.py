@@ -108,6 +108,18 @@ class ImageTable:
         """Every record keyed by its relative path (what an incremental build compares against)."""
         return {r.path: r for r in self.iter_all()}
 
+    def get_by_paths(self, paths: Iterable[str]) -> dict[str, ImageRecord]:
+        """Records of the given relative paths that exist, keyed by path."""
+        paths = list(paths)
+        out: dict[str, ImageRecord] = {}
+        for start in range(0, len(paths), 900):  # SQLite's bound-parameter limit
+            part = paths[start : start + 900]
+            marks = ",".join("?" * len(part))
+            for row in self._query(f"SELECT {_COLUMNS} FROM images WHERE path IN ({marks})", part):
+                rec = ImageRecord.from_row(row)
+                out[rec.path] = rec
+        return out
+
     def iter_all(self, limit: int | None = None, offset: int = 0) -> Iterator[ImageRecord]:
         """Records in id order."""
         sql = f"SELECT {_COLUMNS} FROM images ORDER BY id"

@@ -1,10 +1,14 @@
-"""GET /healthz."""
+"""GET /healthz (liveness) and GET /readyz (readiness)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
-from service.schemas import Health
+from service.deps import get_live
+from service.errors import error_body
+from service.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
@@ -12,10 +16,47 @@ router = APIRouter(tags=["health"])
 @router.get("/healthz", response_model=Health)
 def healthz(request: Request) -> dict:
     """Liveness: the process answers; says which index version is served."""
-    engine = getattr(request.app.state, "engine", None)
+    live = get_live(request)
+    engine = live.engine if live is not None else None
     if engine is None:
         return {"status": "ok", "index_version": None, "images": None, "backbone": None}
     snap = engine.snapshot
     return {
         "status": "ok", "index_version": snap.version, "images": len(snap), "backbone": snap.manifest.encoder.backbone,
     }
+
+
+@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+async def readyz(request: Request):
+    """Readiness: an index version is loaded, and Redis answers when one is configured. 503 otherwise, with
+    what is missing."""
+    live = get_live(request)
+    checks = {"index": "ok" if live is not None and live.engine is not None else "no index version loaded yet"}
+    settings = request.app.state.settings
+    if settings.redis_url:
+        jobs = getattr(request.app.state, "jobs", None)
+        if jobs is not None and jobs.backend == "redis":
+            up = await run_in_threadpool(jobs.ping)
+        else:
+            up = await run_in_threadpool(_ping, settings.redis_url)
+        checks["redis"] = "ok" if up else "unreachable"
+    ready = all(v == "ok" for v in checks.values())
+    body = {"ready": ready, "index_version": live.version if live is not None else None, "checks": checks}
+    if ready:
+        return body
+    problems = "; ".join(f"{k}: {v}" for k, v in checks.items() if v != "ok")
+    return JSONResponse({**body, **error_body("not_ready", problems)}, status_code=503)
+
+
+def _ping(url: str) -> bool:
+    import redis
+
+    from regis.jobs.rq_queue import redis_connection
+
+    conn = redis_connection(url, timeout_s=1.0)
+    try:
+        return bool(conn.ping())
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        conn.close()

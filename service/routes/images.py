@@ -1,4 +1,5 @@
-"""GET /v1/images/{id} (metadata) and GET /v1/images/{id}/file (the image bytes)."""
+"""GET /v1/images/{id} (metadata), GET /v1/images/{id}/file (the image bytes), POST /v1/images (upload and
+index images), DELETE /v1/images/{id}."""
 
 from __future__ import annotations
 
@@ -6,13 +7,21 @@ import mimetypes
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
 
+from regis.indexes.uploads import is_upload_path, upload_file
+from regis.jobs.model import JobSpec
+from regis.jobs.queue import JobQueue, new_job_id
 from regis.retrieve.query import QueryEngine
-from service.deps import get_engine, get_settings
+from service import uploads
+from service.deps import get_engine, get_jobs, get_live, get_settings
 from service.errors import APIError
-from service.schemas import ErrorResponse, ImageInfo
+from service.jobs import await_job
+from service.live import LiveIndex
+from service.routes.search import read_upload
+from service.schemas import DeleteResponse, ErrorResponse, ImageInfo, UploadResponse
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1/images", tags=["images"])
@@ -41,6 +50,11 @@ def image_file(
 ) -> FileResponse:
     """The bytes of an indexed image, read from the indexed folder."""
     snapshot, rec = _record(engine, image_id)
+    if is_upload_path(rec.path):  # uploads live in the uploads folder, content-addressed
+        path = upload_file(settings.resolved_uploads_dir(), rec.path)
+        if not path.is_file():
+            raise APIError(404, "file_unavailable", f"image {image_id} is no longer on disk")
+        return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
     root = settings.images_root or snapshot.manifest.images_root
     if root is None:
         raise APIError(404, "file_unavailable", "this index has no image folder to serve files from")
@@ -52,3 +66,77 @@ def image_file(
         raise APIError(404, "file_unavailable", f"image {image_id} is no longer on disk ({rec.path})")
     media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     return FileResponse(path, media_type=media_type)
+
+
+
+# ---------------------------------------------------------------- writes: each one an index job
+_WRITE_ERRORS = {code: {"model": ErrorResponse} for code in (400, 403, 404, 409, 413, 415, 422, 500, 503)}
+
+
+@router.post("", response_model=UploadResponse, status_code=201, responses={202: {"model": UploadResponse},
+                                                                           **_WRITE_ERRORS})
+async def upload_images(
+    request: Request,
+    response: Response,
+    files: Annotated[list[UploadFile], File(description="one or more images (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
+    queue: Annotated[JobQueue, Depends(get_jobs)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    live: Annotated[LiveIndex, Depends(get_live)],
+    metadata: Annotated[str | None, Form(description="JSON: one object for every file, or a list of one object "
+                                                     "per file")] = None,
+    wait: Annotated[bool, Query(description="wait for the index job (up to REGIS_WRITE_WAIT_S)")] = True,
+) -> dict:
+    """Add images to the index; returns their ids (201) once the new index version answers searches, or the
+    job id (202) if the job takes longer than the wait. The same bytes uploaded again are the same image
+    (status ``exists``; given metadata replaces the stored one). Every file must decode, or nothing is added."""
+    uploads.check_request_size(request, settings)
+    if len(files) > settings.max_upload_files:
+        raise APIError(413, "too_many_files", f"at most {settings.max_upload_files} files per request")
+    metas = uploads.parse_metadata(metadata, len(files))
+    received = [(f.filename or f"file {n + 1}", await read_upload(f, settings.max_upload_bytes))
+                for n, f in enumerate(files)]
+    job_id = new_job_id()
+    items = await run_in_threadpool(uploads.check_and_stage, received, metas, settings, job_id)
+    try:
+        info = await run_in_threadpool(queue.submit, JobSpec(kind="add", uploads=items), job_id)
+    except BaseException:
+        uploads.discard_staged(settings, job_id)
+        raise
+    if wait and settings.write_wait_s > 0:
+        info = await await_job(queue, live, job_id, settings.write_wait_s) or info
+    if info.state == "failed":
+        raise uploads.job_failure(info)
+    if info.state != "done":
+        response.status_code = 202
+        response.headers["Location"] = f"/v1/jobs/{job_id}"
+        images = [{"filename": it.filename, "sha256": it.sha256, "status": "pending"} for it in items]
+        return {"job_id": job_id, "state": info.state, "index_version": live.version, "images": images}
+    return {"job_id": job_id, "state": "done", "index_version": live.version, "images": info.result["images"]}
+
+
+@router.delete("/{image_id}", response_model=DeleteResponse, responses={202: {"model": DeleteResponse},
+                                                                      **_WRITE_ERRORS})
+async def delete_image(
+    image_id: int,
+    response: Response,
+    queue: Annotated[JobQueue, Depends(get_jobs)],
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    live: Annotated[LiveIndex, Depends(get_live)],
+    wait: Annotated[bool, Query(description="wait for the index job (up to REGIS_WRITE_WAIT_S)")] = True,
+) -> dict:
+    """Remove an image from the index (its id is never reused; an uploaded file is deleted too). 200 once the
+    new index version answers searches, 202 with the job id if the job takes longer than the wait.
+    An image indexed from a folder comes back with the next scan of that folder if its file is still there."""
+    _record(engine, image_id)
+    info = await run_in_threadpool(queue.submit, JobSpec(kind="delete", ids=[image_id]))
+    if wait and settings.write_wait_s > 0:
+        info = await await_job(queue, live, info.id, settings.write_wait_s) or info
+    if info.state == "failed":
+        raise uploads.job_failure(info)
+    body = {"id": image_id, "job_id": info.id, "state": info.state, "index_version": live.version}
+    if info.state != "done":
+        response.status_code = 202
+        response.headers["Location"] = f"/v1/jobs/{info.id}"
+        return {**body, "deleted": False}
+    return {**body, "deleted": image_id in (info.result or {}).get("deleted", [])}

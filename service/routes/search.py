@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
-from starlette.concurrency import run_in_threadpool
+from fastapi import APIRouter, Depends, File, Query, Request, Response, UploadFile
 
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings
 from service.errors import APIError
 from service.schemas import ErrorResponse, SearchResponse
+from service.searching import run_search
 from service.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["search"])
@@ -31,6 +31,7 @@ async def read_upload(file: UploadFile, limit: int) -> bytes:
 )
 async def search(
     request: Request,
+    response: Response,
     file: Annotated[UploadFile, File(description="the query image (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
     engine: Annotated[QueryEngine, Depends(get_engine)],
     settings: Annotated[Settings, Depends(get_settings)],
@@ -53,4 +54,4 @@ async def search(
             413, "payload_too_large", f"upload is larger than the limit of {settings.max_upload_bytes:,} bytes"
         )
     data = await read_upload(file, settings.max_upload_bytes)
-    return await run_in_threadpool(engine.search_bytes, data, k=k, depth=depth, mode=mode)
+    return await run_search(request, response, engine, data, k=k, depth=depth, mode=mode)

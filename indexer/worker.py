@@ -1,0 +1,241 @@
+"""``regis worker``: runs indexing jobs from Redis (RQ, see ``regis.jobs.rq_queue``) and announces every new
+index version on Redis pub/sub, so that the API swaps to it.
+
+Each job runs in a work horse forked from the worker (RQ's default), which loads the encoder, runs the job
+(``indexer.jobs.execute_job``) and exits: a job that crashes, or that the kernel kills for memory, cannot
+take the worker with it. The worker heartbeats every ``job_monitoring_interval_s``; a worker that dies
+entirely leaves its job in RQ's started registry, where any worker's registry clean-up (every
+``maintenance_interval_s``) finds it once the heartbeat is ``heartbeat_grace_s`` late, and re-queues it (or
+marks it failed when it has no retries left). Index versions are published atomically, so a killed job
+leaves nothing half-written, and a retried job redoes only what was not committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from regis.errors import ConfigError, IndexLockedError, RegisError
+from regis.jobs.model import JobError, JobSpec, error_code
+from regis.jobs.names import DEFAULT_PREFIX, RedisNames, check_prefix
+
+log = logging.getLogger("regis.worker")
+
+
+class WorkerSettings(BaseSettings):
+    """Configuration of ``regis worker``: environment variables prefixed ``REGIS_`` (the same names as the
+    service's), or command-line options.
+
+    Attributes:
+        redis_url: Redis holding the job queue (REGIS_REDIS_URL), required.
+        redis_prefix: key prefix shared with the API.
+        index_dir: the index the jobs write.
+        images_root: the folder index jobs may read (None: index jobs fail, uploads still work).
+        uploads_dir: where uploads are stored (default: ``images_root/.uploads``, else ``index_dir/uploads``).
+        backbone, weights, random_init: the encoder for a new index (an existing index's own encoder
+            otherwise; see ``regis.cli.options.encoder_for``).
+        device: torch device for encoding.
+        build_batch_size: images per forward pass.
+        build_workers: DataLoader decoding processes (None: min(4, CPUs) for large jobs).
+        lock_timeout_s: how long a job waits for another writer of the index, seconds.
+        torch_threads: torch intra-op threads per job (None: torch's default).
+        job_monitoring_interval_s: heartbeat period while a job runs, seconds.
+        heartbeat_grace_s: a running job whose heartbeat is this late counts as abandoned, seconds.
+        maintenance_interval_s: how often the worker looks for abandoned jobs, seconds.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
+
+    redis_url: str
+    redis_prefix: str = DEFAULT_PREFIX
+    index_dir: Path
+    images_root: Path | None = None
+    uploads_dir: Path | None = None
+    backbone: str | None = None
+    weights: Path | None = None
+    random_init: bool = False
+    device: str = "cpu"
+    build_batch_size: int = Field(default=32, ge=1, le=4096)
+    build_workers: int | None = Field(default=None, ge=0, le=64)
+    lock_timeout_s: float = Field(default=300.0, ge=0)
+    torch_threads: int | None = Field(default=None, ge=1)
+    job_monitoring_interval_s: int = Field(default=5, ge=1, le=600)
+    heartbeat_grace_s: int = Field(default=30, ge=1, le=3600)
+    maintenance_interval_s: int = Field(default=30, ge=1, le=3600)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        try:
+            return check_prefix(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v != "cpu" and not v.startswith("cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {v!r}")
+        return v
+
+    def resolved_uploads_dir(self) -> Path:
+        """The uploads folder, default applied."""
+        from regis.indexes.uploads import default_uploads_dir
+
+        return self.uploads_dir or default_uploads_dir(self.index_dir, self.images_root)
+
+
+_settings: WorkerSettings | None = None  # set by run_worker; the forked work horses inherit it
+
+
+def _current_settings() -> WorkerSettings:
+    return _settings if _settings is not None else WorkerSettings()
+
+
+def _encoder(settings: WorkerSettings):
+    from regis.cli.options import encoder_for
+    from regis.retrieve.query import set_torch_threads
+
+    set_torch_threads(settings.torch_threads)
+    return encoder_for(settings.index_dir, settings.backbone, settings.weights, settings.random_init, None, None,
+                       settings.device)
+
+
+def perform_job(spec: dict) -> dict:
+    """The RQ job function (``regis.jobs.rq_queue.PERFORM_JOB``): run one job in the work horse.
+
+    Returns:
+        {"ok": True, "result": {...}} when the job ran; {"ok": False, "error": {"code", "message"}} when it
+        was refused for a reason a retry cannot fix (bad folder, another encoder, ...).
+
+    Raises:
+        IndexLockedError: another writer held the index too long (RQ retries the job).
+        Exception: anything unexpected (logged; RQ retries the job while it has retries left).
+    """
+    from rq import get_current_job
+
+    from indexer.jobs import JobContext, execute_job
+    from regis.jobs.rq_queue import JobReporter
+
+    job = get_current_job()
+    settings = _current_settings()
+    reporter = JobReporter(job)
+    attempt = reporter.start(os.getpid())
+    log.info("job %s: attempt %d", job.id, attempt)
+    try:
+        parsed = JobSpec.model_validate(spec)
+    except ValidationError as exc:
+        return reporter.refuse(JobError(code="invalid_job", message=f"invalid job: {exc.error_count()} errors"))
+    ctx = JobContext(
+        index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
+        encoder=lambda: _encoder(settings), batch_size=settings.build_batch_size,
+        num_workers=settings.build_workers, lock_timeout_s=settings.lock_timeout_s,
+    )
+    try:
+        result = execute_job(parsed, ctx, reporter.progress)
+    except IndexLockedError as exc:
+        reporter.error(JobError(code="index_locked", message=str(exc)))
+        raise
+    except RegisError as exc:
+        log.warning("job %s refused: %s", job.id, exc)
+        return reporter.refuse(JobError(code=error_code(exc), message=str(exc)))
+    except Exception as exc:
+        log.exception("job %s failed", job.id)
+        reporter.error(JobError(code="internal", message=f"the job failed unexpectedly ({type(exc).__name__}); "
+                                                         "see the worker log"))
+        raise
+    reporter.progress({"phase": "done"}, force=True)
+    if result.get("version") is not None:
+        names = RedisNames(settings.redis_prefix)
+        job.connection.publish(names.index_updates, json.dumps({"version": result["version"], "job_id": job.id}))
+    return {"ok": True, "result": result}
+
+
+def _worker_class():
+    from rq import Worker
+
+    class RegisWorker(Worker):
+        """RQ's forking worker with a configurable heartbeat grace (RQ's is a fixed 60 s)."""
+
+        heartbeat_grace_s = 30
+
+        def get_heartbeat_ttl(self, job, working_time: float = 0.0) -> int:
+            if job.timeout and job.timeout > 0:
+                remaining = job.timeout - working_time
+                return int(min(remaining, self.job_monitoring_interval)) + self.heartbeat_grace_s
+            return self.job_monitoring_interval + self.heartbeat_grace_s
+
+    return RegisWorker
+
+
+def default_worker_name() -> str:
+    """``<hostname>.<pid>``: unique per process, recognisable per container (see ``check_worker``)."""
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None = None,
+               log_level: str = "INFO") -> None:
+    """Take jobs from the queue until stopped (SIGTERM: finish the current job, then stop; a second
+    signal kills it, and the job is retried elsewhere).
+
+    Args:
+        settings: worker settings.
+        burst: stop when the queue is empty.
+        name: worker name (default ``default_worker_name()``).
+        log_level: logging level name.
+
+    Raises:
+        QueueUnavailableError: Redis cannot be reached at startup.
+    """
+    global _settings
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from regis.jobs.rq_queue import redis_connection, redis_location, unavailable_as
+
+    _settings = settings
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import indexer.jobs  # noqa: F401  (torch, timm and the indexer load once; each work horse inherits them)
+
+    conn = redis_connection(settings.redis_url)
+    names = RedisNames(settings.redis_prefix)
+    with unavailable_as(f"Redis at {redis_location(settings.redis_url)} cannot be reached"):
+        conn.ping()
+    queue = Queue(names.queue, connection=conn, serializer=JSONSerializer)
+    worker = _worker_class()(
+        [queue], connection=conn, serializer=JSONSerializer, name=name or default_worker_name(),
+        job_monitoring_interval=settings.job_monitoring_interval_s,
+        maintenance_interval=settings.maintenance_interval_s,
+        worker_ttl=settings.maintenance_interval_s + 15,  # an idle worker wakes up for maintenance this often
+    )
+    worker.heartbeat_grace_s = settings.heartbeat_grace_s
+    log.info("regis worker %s: queue %s on %s, index %s", worker.name, names.queue,
+             redis_location(settings.redis_url), settings.index_dir)
+    worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
+
+
+def check_worker(settings: WorkerSettings, prefix: str | None = None) -> bool:
+    """Whether a live worker of this queue whose name starts with ``prefix`` (default: this host's name)
+    is registered in Redis (a container healthcheck)."""
+    from rq import Queue, Worker
+    from rq.serializers import JSONSerializer
+
+    from regis.jobs.rq_queue import redis_connection
+
+    conn = redis_connection(settings.redis_url, timeout_s=3)
+    queue = Queue(RedisNames(settings.redis_prefix).queue, connection=conn, serializer=JSONSerializer)
+    prefix = prefix or f"{socket.gethostname()}."
+    return any(w.name.startswith(prefix) for w in Worker.all(queue=queue))

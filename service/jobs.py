@@ -1,0 +1,54 @@
+"""The service's side of jobs: which queue (Redis or embedded), and waiting for a job from a request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.concurrency import run_in_threadpool
+
+from regis.jobs.model import JobInfo
+from regis.jobs.names import RedisNames
+from regis.jobs.queue import JobQueue
+from service.live import LiveIndex
+
+
+def make_job_queue(settings, live: LiveIndex) -> JobQueue:
+    """The Redis queue when ``settings.redis_url`` is set, else the embedded one (jobs run in this process,
+    through the indexer's public ``execute_job``, and the new version is swapped in right after)."""
+    if settings.redis_url:
+        from regis.jobs.rq_queue import RedisJobQueue
+
+        return RedisJobQueue(settings.redis_url, RedisNames(settings.redis_prefix), retries=settings.job_retries,
+                             job_timeout_s=settings.job_timeout_s)
+    from indexer import JobContext, execute_job
+    from regis.jobs.queue import LocalJobQueue
+
+    ctx = JobContext(
+        index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
+        encoder=live.ensure_encoder, batch_size=settings.build_batch_size, num_workers=settings.build_workers,
+        lock_timeout_s=settings.lock_timeout_s,
+    )
+    return LocalJobQueue(lambda spec, report: execute_job(spec, ctx, report), on_done=lambda _: live.refresh())
+
+
+async def await_job(queue: JobQueue, live: LiveIndex, job_id: str, timeout_s: float) -> JobInfo | None:
+    """Wait (without blocking the event loop) until a job ends or ``timeout_s`` passes; once it is done, make
+    sure the version it published is the one served (read-your-writes). Returns the job's last state.
+
+    Raises:
+        QueueUnavailableError: the queue cannot be reached.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    info = await run_in_threadpool(queue.get, job_id)
+    while info is not None and info.state not in ("done", "failed") and time.monotonic() < deadline:
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+        info = await run_in_threadpool(queue.get, job_id)
+    if info is not None and info.state == "done":
+        version = (info.result or {}).get("version")
+        while version is not None and (live.version or 0) < version and time.monotonic() < deadline + 5:
+            if not await run_in_threadpool(live.refresh):
+                await asyncio.sleep(0.02)
+    return info
