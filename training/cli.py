@@ -73,8 +73,6 @@ def triplet(
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
 ) -> None:
     """Fine-tune an encoder with the multi-vector triplet loss on MaxSim scores (METHODS.md section 1)."""
-    from click.core import ParameterSource
-
     from regis.errors import ConfigError
     from training.config import make_config
     from training.engine.loop import Runtime, resume_triplet, train_triplet
@@ -84,7 +82,8 @@ def triplet(
     if resume:
         given = sorted(
             name for name in ctx.params
-            if name not in RUNTIME_PARAMS and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+            # compared by name: typer vendors its own copy of click's ParameterSource enum
+            if name not in RUNTIME_PARAMS and getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
         )
         if given:
             raise ConfigError(f"--resume continues the run's saved config.json; do not pass {given}")
