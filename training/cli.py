@@ -45,6 +45,8 @@ def triplet(
     border: Annotated[str, typer.Option("--border", help="ROI window at the grid border: clip or shift.")] = "clip",
     cue_method: CueMethod = None,
     image_size: ImageSize = None,
+    train_batchnorm: Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
+                               "while training (default: frozen at their pretrained values).")] = False,
     sampler: Annotated[str, typer.Option("--sampler", help="pk (P x K batches + miner) or random triplets.")] = "pk",
     miner: Annotated[str, typer.Option("--miner", help="batch-hard or semi-hard (pk sampler).")] = "batch-hard",
     p: Annotated[int, typer.Option("--p", help="Classes per batch (pk).")] = 8,
@@ -96,7 +98,8 @@ def triplet(
             train_classes=str(train_classes.resolve()) if train_classes else None,
             check_counts=not skip_count_check, backbone=backbone, weights=str(weights) if weights else None,
             random_init=random_init, init_seed=init_seed, token_set=token_set, roi_size=roi_size, border=border,
-            cue_method=cue_method, image_size=image_size, sampler=sampler, miner=miner, p=p, k=k,
+            cue_method=cue_method, image_size=image_size, freeze_batchnorm=not train_batchnorm,
+            sampler=sampler, miner=miner, p=p, k=k,
             triplets_per_batch=triplets_per_batch, margin=margin, reducer=reducer, steps=steps,
             accum_steps=accum_steps, lr=lr, head_lr=head_lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
             min_lr_ratio=min_lr_ratio, seed=seed, eval_every=eval_every,

@@ -16,6 +16,7 @@ class TripletConfig(BaseModel):
         data, data_format, train_classes, check_counts: the dataset (``training.data.registry.open_dataset``).
         backbone, weights, random_init, init_seed: the starting encoder (``regis.models.encoder.build_encoder``).
         token_set, roi_size, border, cue_method, image_size: the encoder's token layout and input size [px].
+        freeze_batchnorm: keep BatchNorm running statistics fixed while training (``training.engine.modes``).
         sampler: "pk" (P x K class-balanced batches + a miner) or "random" (random triplets).
         miner: "batch-hard" or "semi-hard" (P x K batches only).
         p, k: classes per batch and images per class ("pk").
@@ -50,6 +51,7 @@ class TripletConfig(BaseModel):
     border: Literal["clip", "shift"] = "clip"
     cue_method: str | None = None
     image_size: int | None = Field(None, ge=32)
+    freeze_batchnorm: bool = True
 
     sampler: Literal["pk", "random"] = "pk"
     miner: Literal["batch-hard", "semi-hard"] = "batch-hard"

@@ -24,6 +24,7 @@ from regis.models.weights import ENCODER_WEIGHTS_FILE
 from training.config import TripletConfig
 from training.engine.checkpoint import load_trainer_state, save_encoder, save_trainer_state
 from training.engine.metrics_log import MetricsLog, plot_metrics
+from training.engine.modes import set_train_mode
 from training.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -160,6 +161,7 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
         Path(config.data), config.data_format, Path(config.train_classes) if config.train_classes else None,
         config.check_counts,
     )
+    sampler = _make_sampler(config, dataset.train.labels)  # fails fast on a batch shape the data cannot give
     encoder = _build_encoder(config, str(run_dir / ENCODER_WEIGHTS_FILE) if state else config.weights)
     start = 0
     if state is not None:
@@ -172,7 +174,6 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
         if state["sampler"]["seed"] != config.seed:
             raise CheckpointError(f"{run_dir}: sampler seed in trainer_state.pt differs from config.json")
     encoder.to(device)
-    sampler = _make_sampler(config, dataset.train.labels)
     optimizer = build_optimizer(encoder, config.lr, config.head_lr, config.weight_decay)
     scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
     log = MetricsLog(run_dir / METRICS_FILE)
@@ -205,7 +206,7 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
             encoder, dataset.test, dataset.recall_ks, config.eval_batch_size, runtime.num_workers,
             config.eval_max_images, config.seed, runtime.progress,
         )
-        encoder.train()
+        set_train_mode(encoder, config.freeze_batchnorm)
         record = {"kind": "eval", "step": step, **report}
         log.append(record)
         return record
@@ -223,7 +224,7 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
 
     if start == 0:
         evaluate(0)
-    encoder.train()
+    set_train_mode(encoder, config.freeze_batchnorm)
     plan = StepBatches(sampler, start, stop, config.accum_steps)
     loader = DataLoader(
         TransformedImages(dataset.train, train_transform(encoder.config)), batch_sampler=plan,

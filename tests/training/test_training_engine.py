@@ -1,4 +1,4 @@
-"""Warm-up + cosine schedule, parameter groups, and the seeded batch samplers."""
+"""Warm-up + cosine schedule, parameter groups, frozen BatchNorm, and the seeded batch samplers."""
 
 import math
 
@@ -107,3 +107,17 @@ def test_step_batches_resume_draws_the_same_batches():
     tail = list(StepBatches(s, 3, 5, accum=2))
     assert len(full) == 10 and full[6:] == tail
     assert StepBatches(s, 3, 5).state_dict(3) == {"seed": 0, "next_step": 3}
+
+
+def test_frozen_batchnorm_keeps_running_statistics():
+    from training.engine.modes import set_train_mode
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(6, 2))
+    before = model[1].running_mean.clone()
+    assert set_train_mode(model, freeze_batchnorm=True) == 1
+    assert model.training and model[2].training and not model[1].training
+    model(torch.randn(2, 3, 8, 8) + 5)
+    assert torch.equal(model[1].running_mean, before)
+    assert set_train_mode(model, freeze_batchnorm=False) == 0
+    model(torch.randn(2, 3, 8, 8) + 5)
+    assert not torch.equal(model[1].running_mean, before)

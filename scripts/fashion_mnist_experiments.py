@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Fine-tuning experiments on Fashion-MNIST, class-disjoint (train classes 0-4, test classes 5-9).
+
+Runs ``regis train triplet`` (and ``regis eval`` on the trained runs) as subprocesses, then gathers each run's
+``summary.json`` into ``OUT/results.json`` and ``OUT/results.md``: test Recall@1/2/4/8, mAP@R and R-precision
+before and after fine-tuning (single-vector token 0 and multi-vector MaxSim), training throughput in images/s,
+and the token-set ablation (cls, cls+reg, cls+reg+roi) and ROI size N in {1, 3, 5}, each trained with its own
+token set. Every command is printed and stored in results.json next to its figures.
+
+Profiles:
+  gpu  the full runs (one CUDA GPU): (a) ViT-S/14 with 4 registers from random init (``dinov2-vits14-reg
+       --random-init``) and (b) the offline EfficientNet-Lite0 (ImageNet weights), 224 px, full 5,000-image
+       test split, bf16 autocast.
+  cpu  a small version that fits ~20 minutes on a 2-core CPU: EfficientNet-Lite0 at reduced image size and the
+       tiny 64-px random ViT with registers (``vit-tiny-reg4-test``, a stand-in for (a)), few steps, a seeded
+       1,000-image subset of the test split, one thread (OMP_NUM_THREADS=1).
+
+A rerun skips finished runs and resumes interrupted ones (``--resume``).
+
+    python scripts/fashion_mnist_experiments.py --profile gpu --out runs/fmnist-gpu
+    python scripts/fashion_mnist_experiments.py --profile cpu --out runs/fmnist-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
+ABLATION = [("cls", 3), ("cls+reg", 3), ("cls+reg+roi", 1), ("cls+reg+roi", 3), ("cls+reg+roi", 5)]
+MAIN = ("cls+reg+roi", 3)
+
+PROFILES = {
+    "gpu": {
+        "env": {},
+        "common": ["--device", "cuda", "--num-workers", "8", "--p", "5", "--k", "16", "--steps", "3000",
+                   "--warmup-steps", "300", "--eval-every", "500", "--eval-max-images", "0",
+                   "--eval-batch-size", "256", "--checkpoint-every", "500", "--log-every", "20"],
+        "backbones": {
+            "vits14reg-random": ["--backbone", "dinov2-vits14-reg", "--random-init", "--lr", "3e-4"],
+            "effnet-lite0": ["--backbone", "efficientnet-lite0", "--lr", "5e-5"],
+        },
+        "ablate": ["vits14reg-random", "effnet-lite0"],
+        "eval": ["--device", "cuda", "--num-workers", "8", "--batch-size", "256"],
+    },
+    "cpu": {
+        "env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        "common": ["--device", "cpu", "--num-workers", "0", "--p", "5", "--k", "6", "--warmup-steps", "10",
+                   "--eval-max-images", "1000", "--eval-batch-size", "100", "--checkpoint-every", "1000",
+                   "--log-every", "10"],
+        "backbones": {
+            "vit-tiny-reg4-random": ["--backbone", "vit-tiny-reg4-test", "--random-init", "--lr", "1e-3",
+                                     "--steps", "300"],
+            "effnet-lite0-96px": ["--backbone", "efficientnet-lite0", "--image-size", "96", "--lr", "2e-5",
+                                  "--steps", "100"],
+        },
+        "ablate": ["vit-tiny-reg4-random", "effnet-lite0-96px"],
+        "eval": ["--device", "cpu", "--num-workers", "0", "--batch-size", "100", "--max-images", "1000"],
+    },
+}
+
+
+def run_name(backbone: str, token_set: str, n: int) -> str:
+    return f"{backbone}__{token_set.replace('+', '-')}__N{n}"
+
+
+def plan(profile: str, only_main: bool) -> list[dict]:
+    prof = PROFILES[profile]
+    runs = []
+    for backbone, args in prof["backbones"].items():
+        variants = ABLATION if backbone in prof["ablate"] and not only_main else [MAIN]
+        for token_set, n in variants:
+            runs.append({"backbone": backbone, "token_set": token_set, "roi_size": n,
+                         "name": run_name(backbone, token_set, n), "main": (token_set, n) == MAIN,
+                         "args": [*args, "--token-set", token_set, "--roi-size", str(n), *prof["common"]]})
+    return runs
+
+
+def sh(cmd: list[str], env: dict, dry_run: bool) -> float:
+    line = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + shlex.join(cmd)
+    print(f"$ {line}", flush=True)
+    if dry_run:
+        return 0.0
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env={**os.environ, **env})
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", choices=sorted(PROFILES), required=True)
+    ap.add_argument("--out", type=Path, required=True, help="Folder for the run directories and results.")
+    ap.add_argument("--data", default=DEFAULT_DATA, help="Folder with the Fashion-MNIST idx files.")
+    ap.add_argument("--only-main", action="store_true", help="Skip the token-set / N ablation runs.")
+    ap.add_argument("--dry-run", action="store_true", help="Print the commands only.")
+    opts = ap.parse_args()
+    prof = PROFILES[opts.profile]
+    regis = [sys.executable, "-m", "regis"]
+    opts.out.mkdir(parents=True, exist_ok=True)
+    results = {"profile": opts.profile, "data": opts.data, "env": prof["env"], "runs": []}
+    t_start = time.perf_counter()
+    for run in plan(opts.profile, opts.only_main):
+        run_dir = opts.out / run["name"]
+        if (run_dir / "summary.json").is_file():
+            print(f"# {run['name']}: finished earlier, kept")
+            cmd, wall = None, None
+        elif (run_dir / "trainer_state.pt").is_file():
+            cmd = [*regis, "train", "triplet", "--out", str(run_dir), "--resume", "--quiet"]
+            wall = sh(cmd, prof["env"], opts.dry_run)
+        else:
+            cmd = [*regis, "train", "triplet", "--data", opts.data, "--out", str(run_dir), "--quiet", *run["args"]]
+            wall = sh(cmd, prof["env"], opts.dry_run)
+        record = {**{k: run[k] for k in ("name", "backbone", "token_set", "roi_size", "main")},
+                  "train_command": shlex.join(cmd) if cmd else None, "wall_seconds": wall}
+        if not opts.dry_run:
+            record["summary"] = json.loads((run_dir / "summary.json").read_text())
+        if run["main"]:  # the trained run used through --weights RUN_DIR, as the indexer and service use it
+            report = opts.out / f"{run['name']}.eval.json"
+            ecmd = [*regis, "eval", "--data", opts.data, "--weights", str(run_dir), "--out", str(report), "--quiet",
+                    *prof["eval"]]
+            if not report.is_file():
+                sh(ecmd, prof["env"], opts.dry_run)
+            record["eval_command"] = shlex.join(ecmd)
+            if not opts.dry_run:
+                record["eval_report"] = json.loads(report.read_text())
+        results["runs"].append(record)
+    results["total_wall_seconds"] = round(time.perf_counter() - t_start, 1)
+    if opts.dry_run:
+        return
+    (opts.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (opts.out / "results.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def markdown(results: dict) -> str:
+    """Tables of the gathered runs (percentages)."""
+    lines = [f"Profile `{results['profile']}`, data `{results['data']}`, env {results['env'] or '{}'}; "
+             f"total wall time {results['total_wall_seconds']} s.", ""]
+    lines += ["| run | when | scoring | R@1 | R@2 | R@4 | R@8 | mAP@R | R-prec |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        if not r["main"]:
+            continue
+        for when in ("eval_before", "eval_after"):
+            ev = r["summary"][when]
+            for scoring in ("single", "multi"):
+                m = ev[scoring]
+                lines.append(f"| {r['backbone']} | {when[5:]} (step {ev['step']}, {ev['num_queries']} queries) | "
+                             f"{scoring} | " + " | ".join(_pct(m[f"recall@{k}"]) for k in (1, 2, 4, 8))
+                             + f" | {_pct(m['map@r'])} | {_pct(m['r_precision'])} |")
+    lines += ["", "| run | token set | N | tokens | multi R@1 before | after | mAP@R before | after | "
+              "train images/s (median interval) | train s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        s = r["summary"]
+        b, a = s["eval_before"]["multi"], s["eval_after"]["multi"]
+        tokens = {"cls": 1, "cls+reg": 5, "cls+reg+roi": 10}[r["token_set"]]
+        sess = s["this_session"]
+        lines.append(f"| {r['backbone']} | {r['token_set']} | {r['roi_size']} | {tokens} | {_pct(b['recall@1'])} | "
+                     f"{_pct(a['recall@1'])} | {_pct(b['map@r'])} | {_pct(a['map@r'])} | "
+                     f"{sess['steady_images_per_s']} | {sess['train_seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
