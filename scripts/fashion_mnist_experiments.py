@@ -5,7 +5,8 @@ Runs ``regis train triplet`` (and ``regis eval`` on the trained runs) as subproc
 ``summary.json`` into ``OUT/results.json`` and ``OUT/results.md``: test Recall@1/2/4/8, mAP@R and R-precision
 before and after fine-tuning (single-vector token 0 and multi-vector MaxSim), training throughput in images/s,
 and the token-set ablation (cls, cls+reg, cls+reg+roi) and ROI size N in {1, 3, 5}, each trained with its own
-token set. Every command is printed and stored in results.json next to its figures.
+token set, and the main configuration trained with P x K batches + batch-hard mining instead of random
+triplets. Every command is printed and stored in results.json next to its figures.
 
 Profiles:
   gpu  the full runs (one CUDA GPU): (a) ViT-S/14 with 4 registers from random init (``dinov2-vits14-reg
@@ -34,26 +35,35 @@ import time
 from pathlib import Path
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
-ABLATION = [("cls", 3), ("cls+reg", 3), ("cls+reg+roi", 1), ("cls+reg+roi", 3), ("cls+reg+roi", 5)]
-TOKEN_SETS_ONLY = [("cls", 3), ("cls+reg", 3), ("cls+reg+roi", 3)]
-MAIN = ("cls+reg+roi", 3)
+# (token set, N, sampler): the main run is cls+reg+roi, N = 3, random triplets (METHODS.md section 1).
+MAIN = ("cls+reg+roi", 3, "random")
+ABLATION = [("cls", 3, "random"), ("cls+reg", 3, "random"), ("cls+reg+roi", 1, "random"), MAIN,
+            ("cls+reg+roi", 5, "random")]
+TOKEN_SETS_ONLY = [("cls", 3, "random"), ("cls+reg", 3, "random"), MAIN]
+PK_BATCH_HARD = ("cls+reg+roi", 3, "pk-batch-hard")
 
 PROFILES = {
     "gpu": {
         "env": {},
-        "common": ["--device", "cuda", "--num-workers", "8", "--p", "5", "--k", "16", "--steps", "3000",
+        # ~96 images per step: 32 random triplets (96), or P = 5 classes x K = 19 (95) for batch-hard
+        "samplers": {"random": ["--sampler", "random", "--triplets-per-batch", "32"],
+                     "pk-batch-hard": ["--sampler", "pk", "--p", "5", "--k", "19", "--miner", "batch-hard"]},
+        "common": ["--device", "cuda", "--num-workers", "8", "--steps", "3000",
                    "--warmup-steps", "300", "--eval-every", "500", "--eval-max-images", "0",
                    "--eval-batch-size", "256", "--checkpoint-every", "500", "--log-every", "20"],
         "backbones": {
             "vits14reg-random": ["--backbone", "dinov2-vits14-reg", "--random-init", "--lr", "3e-4"],
             "effnet-lite0": ["--backbone", "efficientnet-lite0", "--lr", "5e-5"],
         },
-        "ablate": {"vits14reg-random": ABLATION, "effnet-lite0": ABLATION},
+        "ablate": {"vits14reg-random": [*ABLATION, PK_BATCH_HARD], "effnet-lite0": [*ABLATION, PK_BATCH_HARD]},
         "eval": ["--device", "cuda", "--num-workers", "8", "--batch-size", "256"],
     },
     "cpu": {
         "env": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
-        "common": ["--device", "cpu", "--num-workers", "0", "--p", "5", "--k", "6", "--warmup-steps", "10",
+        # 30 images per step either way
+        "samplers": {"random": ["--sampler", "random", "--triplets-per-batch", "10"],
+                     "pk-batch-hard": ["--sampler", "pk", "--p", "5", "--k", "6", "--miner", "batch-hard"]},
+        "common": ["--device", "cpu", "--num-workers", "0", "--warmup-steps", "10",
                    "--eval-max-images", "1000", "--eval-batch-size", "100", "--checkpoint-every", "1000",
                    "--log-every", "10"],
         "backbones": {
@@ -63,14 +73,15 @@ PROFILES = {
                                    "--steps", "80"],
         },
         # At 128 px EfficientNet's grid is 4 x 4, too small for a meaningful N ablation: token sets only.
-        "ablate": {"vit-tiny-reg4-random": ABLATION, "effnet-lite0-128px": TOKEN_SETS_ONLY},
+        "ablate": {"vit-tiny-reg4-random": [*ABLATION, PK_BATCH_HARD],
+                   "effnet-lite0-128px": [*TOKEN_SETS_ONLY, PK_BATCH_HARD]},
         "eval": ["--device", "cpu", "--num-workers", "0", "--batch-size", "100", "--max-images", "1000"],
     },
 }
 
 
-def run_name(backbone: str, token_set: str, n: int) -> str:
-    return f"{backbone}__{token_set.replace('+', '-')}__N{n}"
+def run_name(backbone: str, token_set: str, n: int, sampler: str) -> str:
+    return f"{backbone}__{token_set.replace('+', '-')}__N{n}__{sampler}"
 
 
 def plan(profile: str, only_main: bool) -> list[dict]:
@@ -78,10 +89,11 @@ def plan(profile: str, only_main: bool) -> list[dict]:
     runs = []
     for backbone, args in prof["backbones"].items():
         variants = [MAIN] if only_main else prof["ablate"].get(backbone, [MAIN])
-        for token_set, n in variants:
-            runs.append({"backbone": backbone, "token_set": token_set, "roi_size": n,
-                         "name": run_name(backbone, token_set, n), "main": (token_set, n) == MAIN,
-                         "args": [*args, "--token-set", token_set, "--roi-size", str(n), *prof["common"]]})
+        for token_set, n, sampler in variants:
+            runs.append({"backbone": backbone, "token_set": token_set, "roi_size": n, "sampler": sampler,
+                         "name": run_name(backbone, token_set, n, sampler), "main": (token_set, n, sampler) == MAIN,
+                         "args": [*args, "--token-set", token_set, "--roi-size", str(n), *prof["samplers"][sampler],
+                                  *prof["common"]]})
     return runs
 
 
@@ -119,10 +131,12 @@ def main() -> None:
         else:
             cmd = [*regis, "train", "triplet", "--data", opts.data, "--out", str(run_dir), "--quiet", *run["args"]]
             wall = sh(cmd, prof["env"], opts.dry_run)
-        record = {**{k: run[k] for k in ("name", "backbone", "token_set", "roi_size", "main")},
+        record = {**{k: run[k] for k in ("name", "backbone", "token_set", "roi_size", "sampler", "main")},
                   "train_command": shlex.join(cmd) if cmd else None, "wall_seconds": wall}
         if not opts.dry_run:
             record["summary"] = json.loads((run_dir / "summary.json").read_text())
+            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            record["last_train"] = [m for m in metrics if m["kind"] == "train"][-1]
         if run["main"]:  # the trained run used through --weights RUN_DIR, as the indexer and service use it
             report = opts.out / f"{run['name']}.eval.json"
             ecmd = [*regis, "eval", "--data", opts.data, "--weights", str(run_dir), "--out", str(report), "--quiet",
@@ -161,15 +175,18 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {r['backbone']} | {when[5:]} (step {ev['step']}, {ev['num_queries']} queries) | "
                              f"{scoring} | " + " | ".join(_pct(m[f"recall@{k}"]) for k in (1, 2, 4, 8))
                              + f" | {_pct(m['map@r'])} | {_pct(m['r_precision'])} |")
-    lines += ["", "| run | token set | N | tokens | multi R@1 before | after | mAP@R before | after | "
-              "train images/s (median interval) | train s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| run | token set | N | sampler | tokens | multi R@1 before | after | mAP@R before | after | "
+              "last loss | pos / neg score | train images/s (median interval) | train s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         s = r["summary"]
         b, a = s["eval_before"]["multi"], s["eval_after"]["multi"]
         tokens = {"cls": 1, "cls+reg": 5, "cls+reg+roi": 10}[r["token_set"]]
         sess = s["this_session"]
-        lines.append(f"| {r['backbone']} | {r['token_set']} | {r['roi_size']} | {tokens} | {_pct(b['recall@1'])} | "
-                     f"{_pct(a['recall@1'])} | {_pct(b['map@r'])} | {_pct(a['map@r'])} | "
+        last = r.get("last_train", {})
+        lines.append(f"| {r['backbone']} | {r['token_set']} | {r['roi_size']} | {r['sampler']} | {tokens} | "
+                     f"{_pct(b['recall@1'])} | {_pct(a['recall@1'])} | {_pct(b['map@r'])} | {_pct(a['map@r'])} | "
+                     f"{last.get('loss', 0):.3f} | {last.get('pos_score', 0):.2f} / {last.get('neg_score', 0):.2f} | "
                      f"{sess['steady_images_per_s']} | {sess['train_seconds']} |")
     return "\n".join(lines) + "\n"
 

@@ -47,7 +47,8 @@ def triplet(
     image_size: ImageSize = None,
     train_batchnorm: Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
                                "while training (default: frozen at their pretrained values).")] = False,
-    sampler: Annotated[str, typer.Option("--sampler", help="pk (P x K batches + miner) or random triplets.")] = "pk",
+    sampler: Annotated[str, typer.Option("--sampler", help="random (random triplets) or pk (P x K batches + "
+                                         "--miner).")] = "random",
     miner: Annotated[str, typer.Option("--miner", help="batch-hard or semi-hard (pk sampler).")] = "batch-hard",
     p: Annotated[int, typer.Option("--p", help="Classes per batch (pk).")] = 8,
     k: Annotated[int, typer.Option("--k", help="Images per class (pk).")] = 4,

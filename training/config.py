@@ -17,7 +17,7 @@ class TripletConfig(BaseModel):
         backbone, weights, random_init, init_seed: the starting encoder (``regis.models.encoder.build_encoder``).
         token_set, roi_size, border, cue_method, image_size: the encoder's token layout and input size [px].
         freeze_batchnorm: keep BatchNorm running statistics fixed while training (``training.engine.modes``).
-        sampler: "pk" (P x K class-balanced batches + a miner) or "random" (random triplets).
+        sampler: "random" (random triplets, METHODS.md section 1) or "pk" (P x K class-balanced batches + a miner).
         miner: "batch-hard" or "semi-hard" (P x K batches only).
         p, k: classes per batch and images per class ("pk").
         triplets_per_batch: T ("random"; 3T images per batch).
@@ -53,7 +53,7 @@ class TripletConfig(BaseModel):
     image_size: int | None = Field(None, ge=32)
     freeze_batchnorm: bool = True
 
-    sampler: Literal["pk", "random"] = "pk"
+    sampler: Literal["random", "pk"] = "random"
     miner: Literal["batch-hard", "semi-hard"] = "batch-hard"
     p: int = Field(8, ge=2)
     k: int = Field(4, ge=2)

@@ -36,7 +36,7 @@ def stripes(tmp_path_factory) -> Path:
 
 def tiny_config(data: Path, **overrides):
     values = dict(
-        data=str(data), backbone="vit-tiny-reg4-test", random_init=True, p=3, k=4, steps=6, lr=2e-3,
+        data=str(data), backbone="vit-tiny-reg4-test", random_init=True, sampler="pk", p=3, k=4, steps=6, lr=2e-3,
         warmup_steps=1, log_every=1, checkpoint_every=3, eval_max_images=None, eval_batch_size=32,
     )
     return make_config(**{**values, **overrides})
@@ -48,16 +48,24 @@ def losses(run: Path) -> list[float]:
 
 
 def test_loss_falls(stripes, tmp_path):
+    # Random triplets (the default sampler). Train classes: stripes of period 2 in three orientations; test
+    # classes: period 6 in the same orientations, so what is learnt about orientation should transfer.
     run = tmp_path / "run"
-    summary = train_triplet(tiny_config(stripes, steps=30, lr=1e-3, warmup_steps=3, checkpoint_every=30), run, QUIET)
+    config = tiny_config(stripes, sampler="random", triplets_per_batch=8, steps=40, lr=1e-3, warmup_steps=4,
+                         checkpoint_every=40)
+    summary = train_triplet(config, run, QUIET)
     curve = losses(run)
-    assert len(curve) == 30 and summary["finished"]
+    assert len(curve) == 40 and summary["finished"]
     first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
     assert last < 0.5 * first, curve
+    assert last < config.margin  # below the margin: not the collapse where every score is equal (loss = margin)
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line][-1]
+    assert final["pos_score"] > final["neg_score"]
+    assert summary["eval_after"]["multi"]["map@r"] > summary["eval_before"]["multi"]["map@r"]
     for name in ("config.json", "encoder.safetensors", "trainer_state.pt", "metrics.jsonl", "metrics.png",
                  "summary.json"):
         assert (run / name).is_file(), name
-    assert summary["eval_before"]["step"] == 0 and summary["eval_after"]["step"] == 30
+    assert summary["eval_before"]["step"] == 0 and summary["eval_after"]["step"] == 40
     assert set(summary["eval_after"]["multi"]) == {
         "recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision"}
 

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from regis.cli.main import app
 
-TINY = ["--backbone", "vit-tiny-reg4-test", "--random-init", "--p", "3", "--k", "2", "--warmup-steps", "1",
+TINY = ["--backbone", "vit-tiny-reg4-test", "--random-init", "--sampler", "pk", "--p", "3", "--k", "2",
+        "--warmup-steps", "1",
         "--num-workers", "0", "--device", "cpu", "--quiet", "--eval-batch-size", "32"]
 
 
