@@ -233,7 +233,7 @@ def build_encoder(
         raise ConfigError(f"--cue-method applies to CNN backbones only, not {spec.name}")
     size = image_size if image_size is not None else int(stored.get("image_size", spec.image_size))
     if size != spec.image_size and spec.kind != "cnn":
-        raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; an image size of {size} applies to CNNs only")
+        raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; image size {size} applies to CNNs only")
     if size < 32:
         raise ConfigError(f"image size must be at least 32 px, got {size}")
     resize = size if image_size is not None else int(stored.get("resize_size", size))
