@@ -1,9 +1,210 @@
-"""``regis train ...`` and ``regis eval`` (added to the root CLI by ``register``)."""
+"""``regis train ...`` and ``regis eval`` (added to the root CLI by ``register``).
+
+Nothing heavy is imported at module level: the root CLI imports this module on every ``regis`` invocation.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from regis.cli.options import Backbone, CueMethod, RandomInit, RoiSize, Weights
+
+Data = Annotated[Path, typer.Option("--data", help="Dataset folder (imagefolder, CUB, Cars, SOP, In-Shop or "
+                                    "Fashion-MNIST idx files).")]
+Format = Annotated[str, typer.Option("--format", help="auto, imagefolder, cub, cars, sop, inshop, fashion-mnist.")]
+TrainClasses = Annotated[Path | None, typer.Option("--train-classes", help="imagefolder: file naming the training "
+                         "classes (one a line); default: first half of the sorted class names.")]
+SkipCountCheck = Annotated[bool, typer.Option("--skip-count-check", help="Accept a benchmark copy whose image or "
+                           "class counts differ from the standard release.")]
+TokenSet = Annotated[str | None, typer.Option("--token-set", help="cls, cls+reg or cls+reg+roi (default).")]
+ImageSize = Annotated[int | None, typer.Option("--image-size", help="Input side in px (CNN backbones only).")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda if available), cpu, cuda, cuda:1 ...")]
+Workers = Annotated[int, typer.Option("--num-workers", help="DataLoader worker processes.")]
+
+# Options that may accompany --resume (they change how the run executes, not what it computes).
+RUNTIME_PARAMS = {"out", "resume", "device", "num_workers", "precision", "stop_at_step", "quiet"}
+
+
+def triplet(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="Run directory (created; or the run to --resume).")],
+    data: Annotated[Path | None, typer.Option("--data", help="Dataset folder (see regis eval --help).")] = None,
+    data_format: Format = "auto",
+    train_classes: TrainClasses = None,
+    skip_count_check: SkipCountCheck = False,
+    backbone: Backbone = None,
+    weights: Weights = None,
+    random_init: RandomInit = False,
+    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --random-init.")] = 0,
+    token_set: Annotated[str, typer.Option("--token-set", help="cls, cls+reg or cls+reg+roi.")] = "cls+reg+roi",
+    roi_size: Annotated[int, typer.Option("--roi-size", "-N", help="ROI window side N (odd).")] = 3,
+    border: Annotated[str, typer.Option("--border", help="ROI window at the grid border: clip or shift.")] = "clip",
+    cue_method: CueMethod = None,
+    image_size: ImageSize = None,
+    train_batchnorm: Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
+                               "while training (default: frozen at their pretrained values).")] = False,
+    sampler: Annotated[str, typer.Option("--sampler", help="random (random triplets) or pk (P x K batches + "
+                                         "--miner).")] = "random",
+    miner: Annotated[str, typer.Option("--miner", help="batch-hard or semi-hard (pk sampler).")] = "batch-hard",
+    p: Annotated[int, typer.Option("--p", help="Classes per batch (pk).")] = 8,
+    k: Annotated[int, typer.Option("--k", help="Images per class (pk).")] = 4,
+    triplets_per_batch: Annotated[int, typer.Option("--triplets-per-batch", help="T (random sampler).")] = 16,
+    margin: Annotated[float, typer.Option("--margin", help="alpha, on the summed MaxSim score.")] = 0.2,
+    reducer: Annotated[str, typer.Option("--reducer", help="mean or mean-nonzero.")] = "mean",
+    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 1000,
+    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per step.")] = 1,
+    lr: Annotated[float, typer.Option("--lr", help="Backbone learning rate.")] = 2e-5,
+    head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate outside the backbone.")] = 1e-3,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay.")] = 1e-2,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 100,
+    min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Cosine floor, x lr.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampler and augmentation seed.")] = 0,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Test every N steps (0: before/after only).")] = 0,
+    eval_max_images: Annotated[int, typer.Option("--eval-max-images", help="Test-subset size (0: all).")] = 2000,
+    eval_batch_size: Annotated[int, typer.Option("--eval-batch-size")] = 64,
+    log_every: Annotated[int, typer.Option("--log-every", help="Steps per metrics.jsonl line.")] = 10,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps per checkpoint.")] = 500,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
+    device: DeviceOpt = "auto",
+    num_workers: Workers = 2,
+    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on CUDA), fp32 or bf16.")] = "auto",
+    stop_at_step: Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+) -> None:
+    """Fine-tune an encoder with the multi-vector triplet loss on MaxSim scores (METHODS.md section 1)."""
+    from regis.errors import ConfigError
+    from training.config import make_config
+    from training.engine.loop import Runtime, resume_triplet, train_triplet
+
+    runtime = Runtime(device=device, num_workers=num_workers, precision=precision, stop_at_step=stop_at_step,
+                      progress=not quiet)
+    if resume:
+        given = sorted(
+            name for name in ctx.params
+            # compared by name: typer vendors its own copy of click's ParameterSource enum
+            if name not in RUNTIME_PARAMS and getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+        )
+        if given:
+            raise ConfigError(f"--resume continues the run's saved config.json; do not pass {given}")
+        summary = resume_triplet(out, runtime)
+    else:
+        if data is None:
+            raise ConfigError("--data is required (unless --resume)")
+        config = make_config(
+            data=str(data.expanduser().resolve()), data_format=data_format,
+            train_classes=str(train_classes.resolve()) if train_classes else None,
+            check_counts=not skip_count_check, backbone=backbone, weights=str(weights) if weights else None,
+            random_init=random_init, init_seed=init_seed, token_set=token_set, roi_size=roi_size, border=border,
+            cue_method=cue_method, image_size=image_size, freeze_batchnorm=not train_batchnorm,
+            sampler=sampler, miner=miner, p=p, k=k,
+            triplets_per_batch=triplets_per_batch, margin=margin, reducer=reducer, steps=steps,
+            accum_steps=accum_steps, lr=lr, head_lr=head_lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+            min_lr_ratio=min_lr_ratio, seed=seed, eval_every=eval_every,
+            eval_max_images=eval_max_images or None, eval_batch_size=eval_batch_size, log_every=log_every,
+            checkpoint_every=checkpoint_every,
+        )
+        summary = train_triplet(config, out, runtime)
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict) -> None:
+    s = summary["this_session"]
+    typer.echo(f"run {summary['run_dir']}: step {summary['step']} ({'finished' if summary['finished'] else 'stopped'})")
+    typer.echo(f"train: {s['steps']} steps, {s['train_images']} images in {s['train_seconds']} s = "
+               f"{s['train_images_per_s']} images/s on {summary['device']}; loss {summary['first_loss']} -> "
+               f"{summary['last_loss']}")
+    for label, rec in (("before", summary.get("eval_before")), ("after", summary.get("eval_after"))):
+        if rec:
+            typer.echo(f"test {label} (step {rec['step']}): " + _metrics_line(rec))
+
+
+def _metrics_line(report: dict) -> str:
+    parts = []
+    for scoring in ("single", "multi"):
+        if scoring in report:
+            m = report[scoring]
+            parts.append(f"{scoring}: " + " ".join(f"{key}={100 * val:.2f}" for key, val in m.items()))
+    return "; ".join(parts)
+
+
+def evaluate(
+    data: Data,
+    data_format: Format = "auto",
+    train_classes: TrainClasses = None,
+    skip_count_check: SkipCountCheck = False,
+    split: Annotated[str, typer.Option("--split", help="test (class-disjoint protocol) or train (leave-one-out).")]
+    = "test",
+    weights: Weights = None,
+    backbone: Backbone = None,
+    random_init: RandomInit = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --random-init and of the --max-images subset.")] = 0,
+    token_set: TokenSet = None,
+    roi_size: RoiSize = None,
+    cue_method: CueMethod = None,
+    image_size: ImageSize = None,
+    ks: Annotated[str | None, typer.Option("--ks", help="Recall@K values, e.g. 1,2,4,8 (default: the "
+                                           "dataset's protocol).")] = None,
+    max_images: Annotated[int | None, typer.Option("--max-images", help="Evaluate a seeded random subset of "
+                                                   "this many query images.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 64,
+    num_workers: Workers = 2,
+    device: DeviceOpt = "auto",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+) -> None:
+    """Retrieval evaluation: Recall@K, mAP@R and R-precision, single-vector (token 0, cosine) and multi-vector
+    (MaxSim), on the class-disjoint test split (METHODS.md section 3)."""
+    import time
+
+    from regis.errors import ConfigError
+    from regis.models.encoder import build_encoder
+    from training.data.base import EvalSplit
+    from training.data.registry import open_dataset
+    from training.engine.loop import resolve_device
+    from training.evaluation.report import evaluate_encoder
+
+    if split not in ("test", "train"):
+        raise ConfigError(f"--split must be test or train, got {split!r}")
+    dataset = open_dataset(data, data_format, train_classes, not skip_count_check)
+    recall_ks = dataset.recall_ks
+    if ks:
+        try:
+            recall_ks = tuple(int(x) for x in ks.split(","))
+        except ValueError:
+            raise ConfigError(f"--ks must be comma-separated integers, got {ks!r}") from None
+    dev = resolve_device(device)
+    encoder = build_encoder(
+        backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, seed=seed,
+        roi_size=roi_size, token_set=token_set, cue_method=cue_method, image_size=image_size, device=dev,
+    )
+    eval_split = dataset.test if split == "test" else EvalSplit(dataset.train)
+    t0 = time.perf_counter()
+    metrics = evaluate_encoder(encoder, eval_split, recall_ks, batch_size, num_workers, max_images, seed, not quiet)
+    report = {
+        "dataset": {k: v for k, v in dataset.summary().items() if not k.endswith("_names")},
+        "split": split,
+        "encoder": encoder.config.model_dump(),
+        "weights": encoder.weights_info.model_dump(),
+        "device": str(dev),
+        "seconds": round(time.perf_counter() - t0, 3),
+        **metrics,
+    }
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    typer.echo(f"{dataset.name} {split} ({metrics['protocol']}, {metrics['num_queries']} queries), "
+               f"{encoder.config.backbone} {encoder.config.token_set} N={encoder.config.roi_size}, "
+               f"weights {encoder.weights_info.source}")
+    typer.echo(_metrics_line(metrics))
 
 
 def register(app: typer.Typer) -> None:
-    """Attach the training commands to the root ``regis`` app."""
+    """Attach ``regis train triplet`` and ``regis eval`` to the root ``regis`` app."""
+    train_app = typer.Typer(help="Fine-tune encoders on labelled images.", no_args_is_help=True)
+    train_app.command("triplet")(triplet)
+    app.add_typer(train_app, name="train")
+    app.command("eval")(evaluate)

@@ -195,6 +195,7 @@ def build_encoder(
     token_set: str | None = None,
     cue_method: str | None = None,
     device: str | torch.device = "cpu",
+    image_size: int | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -205,6 +206,8 @@ def build_encoder(
         random_init: random weights (seeded with ``seed``); for tests only.
         roi_size, border, token_set, cue_method: override the defaults (or the stored run config).
         device: where to put the model; it is returned in eval mode.
+        image_size: input side in pixels (crop and resize), CNN backbones only; default: the stored run
+            config's, else the registry's (224 for the real backbones).
 
     Returns:
         A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
@@ -230,6 +233,12 @@ def build_encoder(
         raise ConfigError(f"token set must be one of {TOKEN_SETS}, got {token_set!r}")
     if cue_method is not None and spec.kind != "cnn":
         raise ConfigError(f"--cue-method applies to CNN backbones only, not {spec.name}")
+    size = image_size if image_size is not None else int(stored.get("image_size", spec.image_size))
+    if size != spec.image_size and spec.kind != "cnn":
+        raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; image size {size} applies to CNNs only")
+    if size < 32:
+        raise ConfigError(f"image size must be at least 32 px, got {size}")
+    resize = size if image_size is not None else int(stored.get("resize_size", size))
     model, source = _resolve_weights(spec, weights, random_init, seed, loaded)
     model.eval()
     cfg = getattr(model, "pretrained_cfg", None) or {}
@@ -250,8 +259,8 @@ def build_encoder(
         border=border or stored.get("border", "clip"),
         token_set=token_set or stored.get("token_set", "cls+reg+roi"),
         cue_method=(cue_method or stored.get("cue_method") or DEFAULT_CUE_METHOD) if spec.kind == "cnn" else None,
-        image_size=spec.image_size,
-        resize_size=spec.image_size,
+        image_size=size,
+        resize_size=resize,
         mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
     )

@@ -1,0 +1,64 @@
+"""``regis train triplet`` and ``regis eval`` through the root CLI."""
+
+import json
+
+import pytest
+import torch
+from synthetic_data import write_stripes_folder
+from typer.testing import CliRunner
+
+from regis.cli.main import app
+
+TINY = ["--backbone", "vit-tiny-reg4-test", "--random-init", "--sampler", "pk", "--p", "3", "--k", "2",
+        "--warmup-steps", "1",
+        "--num-workers", "0", "--device", "cpu", "--quiet", "--eval-batch-size", "32"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_train_resume_and_eval(tmp_path):
+    data = write_stripes_folder(tmp_path / "stripes", per_class=4)
+    run = tmp_path / "run"
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "triplet", "--data", str(data), "--out", str(run), "--steps", "3",
+                                 "--stop-at-step", "2", "--token-set", "cls+reg", *TINY])
+    assert result.exit_code == 0, result.output
+    assert "step 2 (stopped)" in result.output
+    result = runner.invoke(app, ["train", "triplet", "--out", str(run), "--resume", "--lr", "1"])
+    assert result.exit_code != 0 and "do not pass ['lr']" in str(result.exception)
+    result = runner.invoke(app, ["train", "triplet", "--out", str(run), "--resume", "--quiet", "--num-workers", "0",
+                                 "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "step 3 (finished)" in result.output and "test after (step 3)" in result.output
+
+    report = tmp_path / "report.json"
+    result = runner.invoke(app, ["eval", "--data", str(data), "--weights", str(run), "--out", str(report),
+                                 "--num-workers", "0", "--device", "cpu", "--quiet", "--ks", "1,2"])
+    assert result.exit_code == 0, result.output
+    rep = json.loads(report.read_text())
+    assert rep["encoder"]["token_set"] == "cls+reg" and rep["weights"]["source"].startswith("file:")
+    assert rep["protocol"] == "leave-one-out" and rep["num_queries"] == 12
+    assert set(rep["multi"]) == {"recall@1", "recall@2", "map@r", "r_precision"}
+    summary = json.loads((run / "summary.json").read_text())
+    after = summary["eval_after"]["multi"]  # same weights and test split -> the same numbers
+    assert rep["multi"] == {key: after[key] for key in rep["multi"]}
+
+
+def test_eval_starting_point_and_bad_options(tmp_path):
+    data = write_stripes_folder(tmp_path / "stripes", per_class=3)
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", "--data", str(data), "--backbone", "vit-tiny-reg4-test", "--random-init",
+                                 "--num-workers", "0", "--device", "cpu", "--quiet", "--split", "train"])
+    assert result.exit_code == 0, result.output
+    assert "imagefolder train (leave-one-out, 9 queries)" in result.output and "multi: recall@1=" in result.output
+    result = runner.invoke(app, ["eval", "--data", str(data), "--backbone", "vit-tiny-reg4-test", "--random-init",
+                                 "--ks", "1,50", "--num-workers", "0", "--quiet"])
+    assert result.exit_code != 0 and "Recall@50" in str(result.exception)
+    result = runner.invoke(app, ["train", "triplet", "--out", str(tmp_path / "r")])
+    assert result.exit_code != 0 and "--data is required" in str(result.exception)
