@@ -18,12 +18,13 @@ import os
 import socket
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from regis.errors import ConfigError, IndexLockedError, RegisError
+from regis.errors import IndexLockedError, RegisError
 from regis.jobs.model import JobError, JobSpec, error_code
-from regis.jobs.names import DEFAULT_PREFIX, RedisNames, check_prefix
+from regis.jobs.names import DEFAULT_PREFIX, RedisNames
+from regis.settings_types import RedisPrefix, RedisURL, TorchDevice
 
 log = logging.getLogger("regis.worker")
 
@@ -52,15 +53,15 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
 
-    redis_url: str
-    redis_prefix: str = DEFAULT_PREFIX
+    redis_url: RedisURL
+    redis_prefix: RedisPrefix = DEFAULT_PREFIX
     index_dir: Path
     images_root: Path | None = None
     uploads_dir: Path | None = None
     backbone: str | None = None
     weights: Path | None = None
     random_init: bool = False
-    device: str = "cpu"
+    device: TorchDevice = "cpu"
     build_batch_size: int = Field(default=32, ge=1, le=4096)
     build_workers: int | None = Field(default=None, ge=0, le=64)
     lock_timeout_s: float = Field(default=300.0, ge=0)
@@ -68,28 +69,6 @@ class WorkerSettings(BaseSettings):
     job_monitoring_interval_s: int = Field(default=5, ge=1, le=600)
     heartbeat_grace_s: int = Field(default=30, ge=1, le=3600)
     maintenance_interval_s: int = Field(default=30, ge=1, le=3600)
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, v: str) -> str:
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return v
-
-    @field_validator("redis_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        try:
-            return check_prefix(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if v != "cpu" and not v.startswith("cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {v!r}")
-        return v
 
     def resolved_uploads_dir(self) -> Path:
         """The uploads folder, default applied."""

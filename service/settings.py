@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from regis.settings_types import RedisPrefix, RedisURL, TorchDevice
+
 
 class Settings(BaseSettings):
     """Configuration of the regis service.
@@ -47,7 +49,7 @@ class Settings(BaseSettings):
 
     index_dir: Path
     weights: Path | None = None
-    device: str = "cpu"
+    device: TorchDevice = "cpu"
     images_root: Path | None = None
     max_upload_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, le=1024**3)
     max_pixels: int = Field(default=64_000_000, ge=10_000)
@@ -58,8 +60,8 @@ class Settings(BaseSettings):
     torch_threads: int | None = Field(default=None, ge=1)
     # jobs, uploads and live updates
     enable_jobs: bool = False
-    redis_url: str | None = None
-    redis_prefix: str = "regis"
+    redis_url: RedisURL | None = None
+    redis_prefix: RedisPrefix = "regis"
     uploads_dir: Path | None = None
     backbone: str | None = None
     random_init: bool = False
@@ -73,13 +75,6 @@ class Settings(BaseSettings):
     build_workers: int | None = Field(default=0, ge=0, le=64)
     lock_timeout_s: float = Field(default=300.0, ge=0)
 
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str) -> str:
-        if v != "cpu" and not v.startswith("cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {v!r}")
-        return v
-
     @field_validator("max_k")
     @classmethod
     def _max_k(cls, v: int, info) -> int:
@@ -88,23 +83,10 @@ class Settings(BaseSettings):
             raise ValueError(f"max_k ({v}) must be >= default_k ({default})")
         return v
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", mode="before")
     @classmethod
-    def _redis_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return v or None
-
-    @field_validator("redis_prefix")
-    @classmethod
-    def _redis_prefix(cls, v: str) -> str:
-        from regis.errors import ConfigError
-        from regis.jobs.names import check_prefix
-
-        try:
-            return check_prefix(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+    def _empty_redis_url(cls, v: object) -> object:
+        return v or None  # REGIS_REDIS_URL= (empty) means no Redis
 
     @model_validator(mode="after")
     def _encoder_choice(self) -> Settings:

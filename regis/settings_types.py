@@ -1,0 +1,40 @@
+"""Validated setting types shared by the service's and the worker's pydantic settings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+from regis.errors import ConfigError
+
+
+def _check_device(value: str) -> str:
+    if value != "cpu" and not value.startswith("cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {value!r}")
+    return value
+
+
+def _check_redis_url(value: str) -> str:
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def _check_redis_prefix(value: str) -> str:
+    from regis.jobs.names import check_prefix
+
+    try:
+        return check_prefix(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+TorchDevice = Annotated[str, AfterValidator(_check_device)]
+"""A torch device name: "cpu" or "cuda[:N]"."""
+
+RedisURL = Annotated[str, AfterValidator(_check_redis_url)]
+"""A redis://, rediss:// or unix:// URL."""
+
+RedisPrefix = Annotated[str, AfterValidator(_check_redis_prefix)]
+"""The prefix of every Redis key, queue and channel of one deployment (``regis.jobs.names.check_prefix``)."""
