@@ -112,7 +112,11 @@ def test_exported_encoder_has_no_head_weights_and_round_trips(stripes, tmp_path)
     assert keys == set(fresh.backbone.state_dict())  # the backbone's keys, nothing of the heads
     assert not any(word in k for k in keys for word in ("cac", "ce_head", "w_q", "w_k", "w_v"))
     rebuilt = build_encoder(weights=str(run))
-    assert rebuilt.weights_info.sha256 == load_trainer_state(run)["encoder_sha256"]
+    state = load_trainer_state(run)
+    assert rebuilt.weights_info.sha256 == state["encoder_sha256"]
+    heads = state["recipe"]["heads"]  # the heads stay in the trainer state: C_train = 3 classes, F x F projections
+    assert heads["ce_head.weight"].shape == heads["cac.classifier.weight"].shape == (3, 32)
+    assert heads["cac.w_q.weight"].shape == (32, 32)
     x = torch.randn(2, 3, 64, 64)
     assert not torch.allclose(fresh.encode(x), rebuilt.encode(x))
 

@@ -51,7 +51,7 @@ class DMCACRecipe(Recipe):
     """
 
     name = "dmcac"
-    loss_label = "DMCAC loss b_frob L_frob + b_ce L_ce + b_cac L_cac"
+    loss_label = "DMCAC loss (mean over log interval)"
 
     def __init__(self, config: DMCACConfig, dataset: RetrievalDataset):
         self.config = config
