@@ -1,4 +1,4 @@
-"""``regis train ...`` and ``regis eval`` (added to the root CLI by ``register``).
+"""``regis train triplet``, ``regis train dmcac`` and ``regis eval`` (added to the root CLI by ``register``).
 
 Nothing heavy is imported at module level: the root CLI imports this module on every ``regis`` invocation.
 """
@@ -83,13 +83,7 @@ def triplet(
     runtime = Runtime(device=device, num_workers=num_workers, precision=precision, stop_at_step=stop_at_step,
                       progress=not quiet)
     if resume:
-        given = sorted(
-            name for name in ctx.params
-            # compared by name: typer vendors its own copy of click's ParameterSource enum
-            if name not in RUNTIME_PARAMS and getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
-        )
-        if given:
-            raise ConfigError(f"--resume continues the run's saved config.json; do not pass {given}")
+        _refuse_config_options(ctx)
         summary = resume_triplet(out, runtime)
     else:
         if data is None:
@@ -111,12 +105,139 @@ def triplet(
     _print_summary(summary)
 
 
+def _refuse_config_options(ctx: typer.Context) -> None:
+    """With --resume, the saved config.json decides: refuse options that would change what the run computes.
+
+    Raises:
+        ConfigError: naming the options given on the command line besides ``RUNTIME_PARAMS``.
+    """
+    from regis.errors import ConfigError
+
+    given = sorted(
+        name for name in ctx.params
+        # compared by name: typer vendors its own copy of click's ParameterSource enum
+        if name not in RUNTIME_PARAMS and getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"
+    )
+    if given:
+        raise ConfigError(f"--resume continues the run's saved config.json; do not pass {given}")
+
+
+def dmcac(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="Run directory (created; or the run to --resume).")],
+    data: Annotated[Path | None, typer.Option("--data", help="Dataset folder (see regis eval --help).")] = None,
+    data_format: Format = "auto",
+    train_classes: TrainClasses = None,
+    skip_count_check: SkipCountCheck = False,
+    backbone: Backbone = None,
+    weights: Weights = None,
+    random_init: RandomInit = False,
+    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --random-init.")] = 0,
+    token_set: Annotated[str, typer.Option("--token-set", help="Tokens the exported encoder gives: cls, cls+reg "
+                                           "or cls+reg+roi (DMCAC trains token 0, or all with --similarity "
+                                           "maxsim).")] = "cls+reg+roi",
+    roi_size: Annotated[int, typer.Option("--roi-size", "-N", help="ROI window side N (odd).")] = 3,
+    border: Annotated[str, typer.Option("--border", help="ROI window at the grid border: clip or shift.")] = "clip",
+    cue_method: CueMethod = None,
+    image_size: ImageSize = None,
+    train_batchnorm: Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
+                               "while training (default: frozen at their pretrained values).")] = False,
+    split: Annotated[str, typer.Option("--split", help="stratified (half of each class queries, half database) or "
+                                       "overlap (both = all; a query is never its own neighbour).")] = "stratified",
+    max_train_per_class: Annotated[int | None, typer.Option("--max-train-per-class", help="Seeded subset of the "
+                                                            "training images per class (default: all).")] = None,
+    views: Annotated[int, typer.Option("--views", help="A views per query: the original + A-1 augmented.")] = 6,
+    top_k: Annotated[int, typer.Option("--top-k", help="k neighbours per view in the cached database.")] = 12,
+    retrieval: Annotated[str, typer.Option("--retrieval", help="topk (union of the views' top-k) or full (the "
+                                           "whole cached database as context).")] = "topk",
+    faiss_index: Annotated[str, typer.Option("--faiss-index", help="FAISS factory spec of the database cache "
+                                             "(Flat = exact; e.g. HNSW32).")] = "Flat",
+    refresh_every: Annotated[int, typer.Option("--refresh-every", help="r: recompute the database every r "
+                                               "epochs.")] = 5,
+    tau: Annotated[float, typer.Option("--tau", help="Temperature of the similarity distributions.")] = 1.0,
+    betas: Annotated[str, typer.Option("--betas", help="b_frob,b_ce,b_cac (0,1,0 = plain CE fine-tuning).")]
+    = "1,1,1",
+    similarity: Annotated[str, typer.Option("--similarity", help="cls (token-0 dot products) or maxsim (MaxSim "
+                                            "over all tokens).")] = "cls",
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Queries per micro-batch (x A images).")] = 32,
+    epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training queries.")] = 20,
+    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per step.")] = 1,
+    lr: Annotated[float, typer.Option("--lr", help="Backbone learning rate.")] = 2e-5,
+    head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate of the CAC and CE heads.")] = 1e-3,
+    weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay.")] = 1e-2,
+    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 100,
+    min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Cosine floor, x lr.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Split, sampler and augmentation seed.")] = 0,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Test every N steps (0: before/after only).")] = 0,
+    eval_max_images: Annotated[int, typer.Option("--eval-max-images", help="Test-subset size (0: all).")] = 2000,
+    eval_batch_size: Annotated[int, typer.Option("--eval-batch-size", help="Images per forward pass when "
+                                                 "embedding the test split and the database.")] = 64,
+    log_every: Annotated[int, typer.Option("--log-every", help="Steps per metrics.jsonl line.")] = 10,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps per checkpoint.")] = 500,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
+    device: DeviceOpt = "auto",
+    num_workers: Workers = 2,
+    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on CUDA), fp32 or bf16.")] = "auto",
+    stop_at_step: Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+) -> None:
+    """Fine-tune an encoder with DMCAC: retrieval against a cached training database inside the loop, L_frob +
+    L_ce + L_cac (METHODS.md section 2). The exported encoder.safetensors holds the encoder only."""
+    from regis.errors import ConfigError
+    from training.config import make_dmcac_config
+    from training.engine.loop import Runtime, resume_run, start_run
+
+    runtime = Runtime(device=device, num_workers=num_workers, precision=precision, stop_at_step=stop_at_step,
+                      progress=not quiet)
+    if resume:
+        _refuse_config_options(ctx)
+        summary = resume_run(out, runtime, "dmcac")
+    else:
+        if data is None:
+            raise ConfigError("--data is required (unless --resume)")
+        config = make_dmcac_config(
+            data=str(data.expanduser().resolve()), data_format=data_format,
+            train_classes=str(train_classes.resolve()) if train_classes else None,
+            check_counts=not skip_count_check, backbone=backbone, weights=str(weights) if weights else None,
+            random_init=random_init, init_seed=init_seed, token_set=token_set, roi_size=roi_size, border=border,
+            cue_method=cue_method, image_size=image_size, freeze_batchnorm=not train_batchnorm,
+            split=split, max_train_per_class=max_train_per_class, views=views, top_k=top_k, retrieval=retrieval,
+            faiss_index=faiss_index, refresh_every=refresh_every, tau=tau, betas=_floats(betas, "--betas", 3),
+            similarity=similarity, batch_size=batch_size, epochs=epochs, accum_steps=accum_steps, lr=lr,
+            head_lr=head_lr, weight_decay=weight_decay, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+            seed=seed, eval_every=eval_every, eval_max_images=eval_max_images or None,
+            eval_batch_size=eval_batch_size, log_every=log_every, checkpoint_every=checkpoint_every,
+        )
+        summary = start_run("dmcac", config, out, runtime)
+    _print_summary(summary)
+
+
+def _floats(text: str, option: str, count: int) -> tuple[float, ...]:
+    """Parse ``count`` comma-separated numbers.
+
+    Raises:
+        ConfigError: not ``count`` numbers (names ``option``).
+    """
+    from regis.errors import ConfigError
+
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != count:
+        raise ConfigError(f"{option} takes {count} comma-separated numbers, got {text!r}")
+    return values
+
+
 def _print_summary(summary: dict) -> None:
     s = summary["this_session"]
     typer.echo(f"run {summary['run_dir']}: step {summary['step']} ({'finished' if summary['finished'] else 'stopped'})")
     typer.echo(f"train: {s['steps']} steps, {s['train_images']} images in {s['train_seconds']} s = "
                f"{s['train_images_per_s']} images/s on {summary['device']}; loss {summary['first_loss']} -> "
                f"{summary['last_loss']}")
+    if "refreshes" in s:
+        typer.echo(f"database refreshed at epochs {s['refreshes']} in {s['refresh_seconds']} s "
+                   f"({s['steps_per_epoch']} steps per epoch)")
     for label, rec in (("before", summary.get("eval_before")), ("after", summary.get("eval_after"))):
         if rec:
             typer.echo(f"test {label} (step {rec['step']}): " + _metrics_line(rec))
@@ -203,8 +324,9 @@ def evaluate(
 
 
 def register(app: typer.Typer) -> None:
-    """Attach ``regis train triplet`` and ``regis eval`` to the root ``regis`` app."""
+    """Attach ``regis train triplet``, ``regis train dmcac`` and ``regis eval`` to the root ``regis`` app."""
     train_app = typer.Typer(help="Fine-tune encoders on labelled images.", no_args_is_help=True)
     train_app.command("triplet")(triplet)
+    train_app.command("dmcac")(dmcac)
     app.add_typer(train_app, name="train")
     app.command("eval")(evaluate)

@@ -176,3 +176,112 @@ def test_betas_switch_terms_off_and_maxsim_similarity():
     p = view_similarities(vt, ct, "maxsim")
     by_hand = (vt[1, 2] @ ct[1, 4].T).amax(-1).mean()
     assert p.shape == (2, 3, 5) and torch.isclose(p[1, 2, 4], by_hand)
+
+
+def test_search_pads_when_an_approximate_index_finds_fewer():
+    cache, emb = _cache(n=10)
+
+    class Short:  # an index that finds only 2 items (as HNSW / IVF may)
+        def search(self, x, k):
+            ids = np.full((len(x), k), -1, dtype=np.int64)
+            ids[:, :2] = [3, 5]
+            return np.zeros_like(ids, dtype=np.float32), ids
+
+    cache._index = Short()
+    out = cache.search(emb[:2], k=4)
+    assert out.tolist() == [[3, 5, -1, -1]] * 2
+    ctx, mask = union_context(out.reshape(2, 1, 4))
+    assert mask.sum(1).tolist() == [2, 2] and ctx[0, :2].tolist() == [3, 5]
+
+
+def test_ivf_and_hnsw_database_indexes_build():
+    emb = F.normalize(torch.randn(300, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    for spec in ("HNSW16", "IVF4,Flat"):
+        cache = DatabaseCache(np.arange(300), np.zeros(300), spec)
+        cache.update(emb, epoch=0)
+        assert cache.search(emb[:3], k=5).shape == (3, 5)
+    with pytest.raises(ConfigError, match="FAISS"):
+        DatabaseCache(np.arange(3), np.zeros(3), "NotAnIndex").update(emb[:3], epoch=0)
+
+
+def test_maxsim_search_is_exact_and_excludes_the_query():
+    g = torch.Generator().manual_seed(0)
+    db_tokens = F.normalize(torch.randn(15, 4, 8, generator=g), dim=-1)
+    cache = DatabaseCache(np.arange(15) + 100, np.zeros(15))
+    cache.update(db_tokens[:, 0], epoch=0, tokens=db_tokens)
+    q = db_tokens[:3]
+    by_hand = torch.stack([torch.stack([(q[i] @ db_tokens[j].T).amax(-1).sum() for j in range(15)])
+                           for i in range(3)])
+    assert cache.search_maxsim(q, k=5).tolist() == by_hand.argsort(dim=1, descending=True)[:, :5].tolist()
+    excl = cache.search_maxsim(q, k=14, exclude=np.array([100, 101, 102]))
+    assert excl.shape == (3, 14) and all(i not in row for i, row in enumerate(excl))
+    assert cache.search_maxsim(q, k=3, chunk=4).tolist() == cache.search_maxsim(q, k=3).tolist()
+    with pytest.raises(ConfigError, match="no tokens"):
+        _cache()[0].search_maxsim(q, k=2)
+
+
+def test_cache_state_round_trip_rebuilds_the_same_index():
+    cache, emb = _cache(n=12)
+    cache.update(emb.flip(0), epoch=5)
+    copy = DatabaseCache(cache.dataset_indices, cache.labels)
+    copy.load_state_dict(cache.state_dict())
+    assert copy.refreshed_at == [0, 5] and torch.equal(copy.embeddings, cache.embeddings)
+    assert np.array_equal(copy.search(emb[:4], k=3), cache.search(emb[:4], k=3))
+
+
+def test_cache_copies_inference_tensors_and_never_needs_grad():
+    with torch.inference_mode():
+        emb = F.normalize(torch.randn(6, 8), dim=-1)
+    cache = DatabaseCache(np.arange(6), np.zeros(6))
+    cache.update(emb, epoch=0)
+    views = F.normalize(torch.randn(1, 2, 8), dim=-1).requires_grad_(True)
+    out = DMCACLoss(8, 2)(views, cache.embeddings[None], torch.ones(1, 6, dtype=torch.bool), torch.tensor([1]))
+    out["loss"].backward()  # would fail on an inference tensor saved for backward
+    assert views.grad is not None and not cache.embeddings.requires_grad
+
+
+def test_plain_ce_needs_no_context():
+    torch.manual_seed(0)
+    loss = DMCACLoss(8, 3, Betas(0, 1, 0))
+    views = F.normalize(torch.randn(4, 1, 8), dim=-1)
+    out = loss(views, None, None, torch.tensor([0, 1, 2, 0]))
+    assert not loss.needs_context
+    assert torch.allclose(out["loss"], F.cross_entropy(loss.ce_head(views[:, 0]), torch.tensor([0, 1, 2, 0])))
+    with pytest.raises(ConfigError, match="context"):
+        DMCACLoss(8, 3)(views, None, None, torch.tensor([0, 1, 2, 0]))
+
+
+def test_query_epochs_cover_every_query_once_and_repeat():
+    from training.dmcac.sampler import QueryEpochSampler
+
+    queries = np.arange(0, 40, 2)  # 20 queries
+    s = QueryEpochSampler(queries, batch_size=3, accum=2, seed=4)
+    assert s.steps_per_epoch == 3  # 20 // 6; the last 2 queries of each epoch are dropped
+    epoch0 = [i for step in range(3) for micro in range(2) for i, _ in s.batch(step, micro)]
+    assert len(epoch0) == len(set(epoch0)) == 18 and set(epoch0) <= set(queries)
+    epoch1 = [i for step in range(3, 6) for micro in range(2) for i, _ in s.batch(step, micro)]
+    assert epoch1 != epoch0 and s.epoch_of(3) == 1 and s.epoch_of(2) == 0
+    assert s.batch(4, 1) == s.batch(4, 1) and s.batch(4, 1) != QueryEpochSampler(queries, 3, 2, seed=5).batch(4, 1)
+    with pytest.raises(ConfigError, match="lower --batch-size"):
+        QueryEpochSampler(queries, batch_size=21)
+
+
+def test_views_are_the_original_then_seeded_augmentations():
+    from PIL import Image
+
+    from regis.models.encoder import build_encoder
+    from regis.models.transforms import eval_transform
+    from training.data.images import ImageArray
+    from training.dmcac.views import MultiViewImages, augmented_view_transform
+
+    cfg = build_encoder("vit-tiny-reg4-test", random_init=True).config
+    pixels = np.random.default_rng(0).integers(0, 256, size=(3, 40, 40, 3), dtype=np.uint8)
+    data = MultiViewImages(ImageArray(pixels, [5, 6, 5]), np.array([0, 1, 0]), 4, eval_transform(cfg),
+                           augmented_view_transform(cfg))
+    views, label, index = data[(1, 123)]
+    assert views.shape == (4, 3, 64, 64) and label == 1 and index == 1
+    assert torch.equal(views[0], eval_transform(cfg)(Image.fromarray(pixels[1])))
+    assert not torch.equal(views[1], views[2])
+    before = torch.get_rng_state()
+    assert torch.equal(data[(1, 123)][0], views) and not torch.equal(data[(1, 124)][0][1:], views[1:])
+    assert torch.equal(torch.get_rng_state(), before)  # the global RNG is untouched

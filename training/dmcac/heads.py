@@ -33,15 +33,20 @@ class CrossAttentionClassifier(nn.Module):
 
         Args:
             z: (B, F) query embeddings (view 0).
-            context: (B, T, F) context embeddings Z_S.
+            context: (B, T, F) context embeddings Z_S (an expanded view of one (T, F) context, as in full
+                retrieval, is projected once).
             mask: (B, T) bool, True = real context entry; each row needs at least one.
 
         Returns:
             (B, F) attended embeddings.
         """
         q = self.w_q(z)[:, None, :]  # (B, 1, F)
-        k = self.w_k(context)
-        v = self.w_v(context)
+        if context.shape[0] > 1 and context.stride(0) == 0:  # one context shared by the batch (full retrieval)
+            k = self.w_k(context[0]).expand(context.shape[0], -1, -1)
+            v = self.w_v(context[0]).expand(context.shape[0], -1, -1)
+        else:
+            k = self.w_k(context)
+            v = self.w_v(context)
         logits = (q @ k.transpose(1, 2)) / math.sqrt(self.dim)  # (B, 1, T)
         if mask is not None:
             logits = logits.masked_fill(~mask[:, None, :], float("-inf"))

@@ -75,11 +75,16 @@ class DMCACLoss(nn.Module):
         self.cac = CrossAttentionClassifier(dim, num_classes)
         self.ce_head = nn.Linear(dim, num_classes)
 
+    @property
+    def needs_context(self) -> bool:
+        """Whether a term uses the retrieved context (L_frob or L_cac); plain CE (betas (0, 1, 0)) does not."""
+        return bool(self.betas.frob or self.betas.cac)
+
     def forward(
         self,
         view_emb: torch.Tensor,
-        context_emb: torch.Tensor,
-        mask: torch.Tensor,
+        context_emb: torch.Tensor | None,
+        mask: torch.Tensor | None,
         labels: torch.Tensor,
         view_tokens: torch.Tensor | None = None,
         context_tokens: torch.Tensor | None = None,
@@ -88,24 +93,36 @@ class DMCACLoss(nn.Module):
 
         Args:
             view_emb: (B, A, F) unit-norm embeddings of the A views (view 0 = the original), with gradient.
-            context_emb: (B, T, F) the retrieved database embeddings Z_S (no gradient), padded.
-            mask: (B, T) bool, True = real context entry.
-            labels: (B,) int64 training-class labels of the queries.
+            context_emb: (B, T, F) the retrieved database embeddings Z_S (no gradient), padded; may be None when
+                ``needs_context`` is False.
+            mask: (B, T) bool, True = real context entry (each row needs one).
+            labels: (B,) int64 training-class labels of the queries, in [0, C_train).
             view_tokens, context_tokens: (B, A, m, F) and (B, T, n, F), needed when similarity = "maxsim".
 
         Returns:
             {"loss", "frob", "ce", "cac"}: scalars (means over the batch); a term whose beta is 0 is 0.
+
+        Raises:
+            ConfigError: a needed input is missing.
         """
-        if self.similarity == "maxsim":
-            if view_tokens is None or context_tokens is None:
-                raise ConfigError("similarity 'maxsim' needs view_tokens and context_tokens")
-            p = view_similarities(view_tokens, context_tokens, "maxsim")
-        else:
-            p = view_similarities(view_emb, context_emb, "cls")
         zero = view_emb.new_zeros(())
-        frob = frobenius_loss(masked_softmax(p, mask[:, None, :], self.tau)).mean() if self.betas.frob else zero
+        frob = zero
+        if self.betas.frob:
+            if context_emb is None or mask is None:
+                raise ConfigError("L_frob needs the retrieved context and its mask")
+            if self.similarity == "maxsim":
+                if view_tokens is None or context_tokens is None:
+                    raise ConfigError("similarity 'maxsim' needs view_tokens and context_tokens")
+                p = view_similarities(view_tokens, context_tokens, "maxsim")
+            else:
+                p = view_similarities(view_emb, context_emb, "cls")
+            frob = frobenius_loss(masked_softmax(p, mask[:, None, :], self.tau)).mean()
         z = view_emb[:, 0]
         ce = F.cross_entropy(self.ce_head(z), labels) if self.betas.ce else zero
-        cac = F.cross_entropy(self.cac(z, context_emb, mask), labels) if self.betas.cac else zero
+        cac = zero
+        if self.betas.cac:
+            if context_emb is None or mask is None:
+                raise ConfigError("L_cac needs the retrieved context and its mask")
+            cac = F.cross_entropy(self.cac(z, context_emb, mask), labels)
         loss = self.betas.frob * frob + self.betas.ce * ce + self.betas.cac * cac
         return {"loss": loss, "frob": frob.detach(), "ce": ce.detach(), "cac": cac.detach()}

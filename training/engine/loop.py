@@ -1,4 +1,4 @@
-"""The multi-vector triplet fine-tuning loop (METHODS.md section 1) and its run directory.
+"""The training loop every recipe shares (triplet: METHODS.md section 1; DMCAC: section 2) and its run directory.
 
 Run directory (``RUN_DIR``):
     config.json          the resolved configuration (trainer, encoder, dataset counts, runtime, versions)
@@ -6,6 +6,9 @@ Run directory (``RUN_DIR``):
     trainer_state.pt     optimizer, scheduler, sampler and RNG state of the same step (``--resume``)
     metrics.jsonl        training and evaluation records; metrics.png their plot
     summary.json         written when the run reaches its last step
+
+A recipe (``training.engine.recipe``) supplies the batches, the loss and its own state (e.g. DMCAC's heads and
+database cache); this loop owns the encoder, optimiser, schedule, evaluation, checkpoints and resume.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import torch
 
 from regis.errors import ConfigError
 from regis.models.weights import ENCODER_WEIGHTS_FILE
-from training.config import TripletConfig
+from training.config import TrainerConfig, TripletConfig
 from training.engine.checkpoint import load_trainer_state, save_encoder, save_trainer_state
 from training.engine.metrics_log import MetricsLog, plot_metrics
 from training.engine.modes import set_train_mode
+from training.engine.recipe import Recipe, recipe_classes
 from training.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -36,7 +40,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 @dataclass(frozen=True)
 class Runtime:
-    """How a run executes, without changing what it computes (not part of ``TripletConfig``).
+    """How a run executes, without changing what it computes (not part of the run's config).
 
     Attributes:
         device: "auto" (cuda when available), "cpu", "cuda", "cuda:1", ...
@@ -76,7 +80,7 @@ def _use_bf16(precision: str, device: torch.device) -> bool:
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
 
-def _build_encoder(config: TripletConfig, weights: str | None):
+def _build_encoder(config: TrainerConfig, weights: str | None):
     from regis.models.encoder import build_encoder
 
     return build_encoder(
@@ -92,14 +96,6 @@ def _build_encoder(config: TripletConfig, weights: str | None):
     )
 
 
-def _make_sampler(config: TripletConfig, labels):
-    from training.data.samplers import PKSampler, RandomTripletSampler
-
-    if config.sampler == "pk":
-        return PKSampler(labels, config.p, config.k, config.seed)
-    return RandomTripletSampler(labels, config.triplets_per_batch, config.seed)
-
-
 def _versions() -> dict:
     import timm
 
@@ -110,7 +106,17 @@ def _versions() -> dict:
 
 
 def train_triplet(config: TripletConfig, run_dir: Path, runtime: Runtime = Runtime()) -> dict:
-    """Start a new run in ``run_dir`` (created; it must not already hold a run).
+    """Start a new triplet run in ``run_dir`` (see ``start_run``)."""
+    return start_run("triplet", config, run_dir, runtime)
+
+
+def resume_triplet(run_dir: Path, runtime: Runtime = Runtime()) -> dict:
+    """Continue a triplet run from its last checkpoint (see ``resume_run``)."""
+    return resume_run(run_dir, runtime, "triplet")
+
+
+def start_run(recipe: str, config: TrainerConfig, run_dir: Path, runtime: Runtime = Runtime()) -> dict:
+    """Start a new run of ``recipe`` ("triplet" or "dmcac") in ``run_dir`` (created; it must not already hold a run).
 
     Returns:
         The run summary (also in ``summary.json`` when the last step was reached); see ``_run``.
@@ -123,37 +129,41 @@ def train_triplet(config: TripletConfig, run_dir: Path, runtime: Runtime = Runti
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"run directory {run_dir} is not empty; pass --resume to continue it, or another --out")
     run_dir.mkdir(parents=True, exist_ok=True)
-    return _run(config, run_dir, runtime, state=None)
+    return _run(recipe, config, run_dir, runtime, state=None)
 
 
-def resume_triplet(run_dir: Path, runtime: Runtime = Runtime()) -> dict:
-    """Continue a run from its last checkpoint, at the same step, with the same optimizer, scheduler, sampler and
-    RNG state; records written after that checkpoint are dropped from ``metrics.jsonl``.
+def resume_run(run_dir: Path, runtime: Runtime = Runtime(), recipe: str | None = None) -> dict:
+    """Continue a run from its last checkpoint, at the same step, with the same optimizer, scheduler, sampler,
+    RNG and recipe state (heads, database cache); records written after that checkpoint are dropped from
+    ``metrics.jsonl``.
+
+    Args:
+        run_dir: the run directory.
+        runtime: how to execute.
+        recipe: the recipe the caller expects (None: whichever the run used).
 
     Raises:
-        CheckpointError: ``run_dir`` is not a resumable run, or its files disagree.
+        CheckpointError: ``run_dir`` is not a resumable run, its files disagree, or it is another recipe's run.
     """
     run_dir = Path(run_dir)
     cfg_path = run_dir / CONFIG_FILE
     if not cfg_path.is_file():
         raise CheckpointError(f"{run_dir} has no {CONFIG_FILE}: not a regis training run")
     stored = json.loads(cfg_path.read_text(encoding="utf-8"))
-    config = TripletConfig(**stored["trainer"])
-    return _run(config, run_dir, runtime, state=load_trainer_state(run_dir))
+    name = stored.get("recipe", "triplet")  # runs from before DMCAC have no "recipe" key
+    if recipe is not None and name != recipe:
+        raise CheckpointError(f"{run_dir} is a {name} run; resume it with regis train {name} --resume")
+    config = recipe_classes(name)[1](**stored["trainer"])
+    return _run(name, config, run_dir, runtime, state=load_trainer_state(run_dir))
 
 
-def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | None) -> dict:
-    from torch.utils.data import DataLoader
+def _run(recipe_name: str, config: TrainerConfig, run_dir: Path, runtime: Runtime, state: dict | None) -> dict:
     from tqdm import tqdm
 
-    from regis.models.transforms import train_transform
-    from training.data.images import TransformedImages
     from training.data.registry import open_dataset
-    from training.data.samplers import StepBatches
     from training.engine.optim import build_optimizer
     from training.engine.schedule import build_scheduler
     from training.evaluation.report import evaluate_encoder
-    from training.losses.triplet import multi_vector_triplet_loss
 
     device = resolve_device(runtime.device)
     bf16 = _use_bf16(runtime.precision, device)
@@ -161,7 +171,9 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
         Path(config.data), config.data_format, Path(config.train_classes) if config.train_classes else None,
         config.check_counts,
     )
-    sampler = _make_sampler(config, dataset.train.labels)  # fails fast on a batch shape the data cannot give
+    recipe_cls = recipe_classes(recipe_name)[0]
+    recipe: Recipe = recipe_cls(config, dataset)  # fails fast on a batch shape the data cannot give
+    total = recipe.total_steps
     encoder = _build_encoder(config, str(run_dir / ENCODER_WEIGHTS_FILE) if state else config.weights)
     start = 0
     if state is not None:
@@ -174,20 +186,26 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
         if state["sampler"]["seed"] != config.seed:
             raise CheckpointError(f"{run_dir}: sampler seed in trainer_state.pt differs from config.json")
     encoder.to(device)
-    optimizer = build_optimizer(encoder, config.lr, config.head_lr, config.weight_decay)
-    scheduler = build_scheduler(optimizer, config.warmup_steps, config.steps, config.min_lr_ratio)
+    with torch.random.fork_rng(devices=[]):  # heads initialised from the seed, the global RNG left as it is
+        torch.manual_seed(config.seed)
+        recipe.bind(encoder, device, bf16, runtime.num_workers)
+    optimizer = build_optimizer(encoder, config.lr, config.head_lr, config.weight_decay, heads=recipe.heads)
+    scheduler = build_scheduler(optimizer, config.warmup_steps, total, config.min_lr_ratio)
     log = MetricsLog(run_dir / METRICS_FILE)
     runtime_info = {**asdict(runtime), "device": str(device), "bf16_autocast": bf16}
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        recipe.load_state_dict(state.get("recipe", {}))
         torch.set_rng_state(state["torch_rng_state"])
         log.truncate_after(start)
         log.append({"kind": "resume", "step": start, "runtime": runtime_info})
     else:
         torch.manual_seed(config.seed)
         resolved = {
+            "recipe": recipe_name,
             "trainer": config.model_dump(),
+            "recipe_info": recipe.describe(),
             "encoder": encoder.config.model_dump(),
             "initial_weights": encoder.weights_info.model_dump(),
             "dataset": dataset.summary(),
@@ -196,17 +214,21 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
         }
         (run_dir / CONFIG_FILE).write_text(json.dumps(resolved, indent=2) + "\n", encoding="utf-8")
 
-    stop = config.steps if runtime.stop_at_step is None else min(config.steps, runtime.stop_at_step)
+    stop = total if runtime.stop_at_step is None else min(total, runtime.stop_at_step)
     if stop < start:
         raise ConfigError(f"stop_at_step {stop} is before the checkpoint's step {start}")
-    miner = config.miner if config.sampler == "pk" else None
+
+    def train_mode() -> None:
+        set_train_mode(encoder, config.freeze_batchnorm)
+        if recipe.heads is not None:
+            recipe.heads.train()
 
     def evaluate(step: int) -> dict:
         report = evaluate_encoder(
             encoder, dataset.test, dataset.recall_ks, config.eval_batch_size, runtime.num_workers,
             config.eval_max_images, config.seed, runtime.progress,
         )
-        set_train_mode(encoder, config.freeze_batchnorm)
+        train_mode()
         record = {"kind": "eval", "step": step, **report}
         log.append(record)
         return record
@@ -217,36 +239,28 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
             "step": step,
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "sampler": plan.state_dict(step),
+            "sampler": recipe.sampler_state(step),
+            "recipe": recipe.state_dict(),
             "torch_rng_state": torch.get_rng_state(),
             "encoder_sha256": sha,
         })
 
     if start == 0:
         evaluate(0)
-    set_train_mode(encoder, config.freeze_batchnorm)
-    plan = StepBatches(sampler, start, stop, config.accum_steps)
-    loader = DataLoader(
-        TransformedImages(dataset.train, train_transform(encoder.config)), batch_sampler=plan,
-        num_workers=runtime.num_workers, pin_memory=device.type == "cuda",
-        generator=torch.Generator().manual_seed(config.seed),  # worker seeds; the global RNG stays untouched
-    )
-    batches = iter(loader)
-    bar = tqdm(total=config.steps, initial=start, desc="train", disable=not runtime.progress, dynamic_ncols=True)
+    recipe.on_start(start, log)
+    train_mode()
+    batches = recipe.batches(start, stop)
+    bar = tqdm(total=total, initial=start, desc="train", disable=not runtime.progress, dynamic_ncols=True)
     interval = _Interval()
-    train_seconds, train_images, steady = 0.0, 0, []
+    train_seconds, train_images, hook_seconds, steady = 0.0, 0, 0.0, []
     for step in range(start, stop):
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
         for _ in range(config.accum_steps):
-            images, labels = next(batches)
-            images, labels = images.to(device, non_blocking=True), labels.to(device)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-                tokens = encoder(images)
-            out = multi_vector_triplet_loss(tokens.float(), labels, miner, config.margin, config.reducer)
+            out = recipe.micro_step(next(batches))
             (out.loss / config.accum_steps).backward()
-            interval.add(out, images.shape[0])
+            interval.add(out)
         optimizer.step()
         scheduler.step()
         if device.type == "cuda":
@@ -255,7 +269,7 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
         interval.seconds += seconds
         done = step + 1
         bar.update(1)
-        bar.set_postfix(loss=f"{out.loss.item():.4f}", lr=f"{lrs['backbone']:.2e}")
+        bar.set_postfix(loss=f"{out.stats['loss']:.4f}", lr=f"{lrs['backbone']:.2e}")
         if done % config.log_every == 0 or done == stop:
             record = interval.record(done, lrs)
             log.append(record)
@@ -263,7 +277,9 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
             train_images += interval.images
             steady.append(record["images_per_s"])
             interval = _Interval()
-        if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+        hook_seconds += recipe.after_step(done, log)
+        train_mode()
+        if config.eval_every and done % config.eval_every == 0 and done != total:
             evaluate(done)
         if done % config.checkpoint_every == 0 or done == stop:
             checkpoint(done)
@@ -271,11 +287,13 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
     del batches
     if start == stop:  # nothing ran (resuming a finished or stopped-at run): still leave a consistent checkpoint
         checkpoint(stop)
-    summary = {"run_dir": str(run_dir), "step": stop, "finished": stop == config.steps}
-    if stop == config.steps and (start < stop or not (run_dir / SUMMARY_FILE).exists()):
+    summary = {"run_dir": str(run_dir), "recipe": recipe_name, "step": stop, "total_steps": total,
+               "finished": stop == total}
+    if stop == total and (start < stop or not (run_dir / SUMMARY_FILE).exists()):
         evaluate(stop)
     records = log.records()
-    plot_metrics(records, run_dir / PLOT_FILE, title=f"{encoder.config.backbone}, {encoder.config.token_set}")
+    plot_metrics(records, run_dir / PLOT_FILE, title=f"{recipe_name}: {encoder.config.backbone}, "
+                 f"{encoder.config.token_set}", loss_label=recipe.loss_label)
     evals = [r for r in records if r["kind"] == "eval"]
     trains = [r for r in records if r["kind"] == "train"]
     summary.update({
@@ -287,11 +305,13 @@ def _run(config: TripletConfig, run_dir: Path, runtime: Runtime, state: dict | N
             "train_seconds": round(train_seconds, 3),
             "train_images_per_s": round(train_images / train_seconds, 2) if train_seconds else None,
             "steady_images_per_s": round(sorted(steady[1:])[len(steady[1:]) // 2], 2) if len(steady) > 1 else None,
+            "between_steps_seconds": round(hook_seconds, 3),
+            **recipe.session_summary(),
         },
         "first_loss": trains[0]["loss"] if trains else None,
         "last_loss": trains[-1]["loss"] if trains else None,
         "eval_before": _strip(evals[0]) if evals else None,
-        "eval_after": _strip(evals[-1]) if evals and evals[-1]["step"] == config.steps else None,
+        "eval_after": _strip(evals[-1]) if evals and evals[-1]["step"] == total else None,
     })
     if summary["finished"]:
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -303,19 +323,19 @@ def _strip(record: dict) -> dict:
 
 
 class _Interval:
-    """Accumulates the micro-batches of one logging interval."""
+    """Accumulates the micro-batches of one logging interval: means of the recipe's stats, sums of its counts."""
 
     def __init__(self):
-        self.losses, self.active, self.pos, self.neg, self.triplets = [], [], [], [], 0
+        self.stats: dict[str, list[float]] = {}
+        self.counts: dict[str, int] = {}
         self.images, self.seconds = 0, 0.0
 
-    def add(self, out, images: int) -> None:
-        self.losses.append(float(out.loss.detach()))
-        self.active.append(out.active_fraction)
-        self.pos.append(out.pos_score)
-        self.neg.append(out.neg_score)
-        self.triplets += out.num_triplets
-        self.images += images
+    def add(self, out) -> None:
+        for key, value in out.stats.items():
+            self.stats.setdefault(key, []).append(float(value))
+        for key, value in out.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + int(value)
+        self.images += out.images
 
     def record(self, step: int, lrs: dict) -> dict:
         def mean(xs):
@@ -323,8 +343,7 @@ class _Interval:
             return sum(xs) / len(xs) if xs else float("nan")
 
         return {
-            "kind": "train", "step": step, "loss": mean(self.losses), "active_fraction": mean(self.active),
-            "pos_score": mean(self.pos), "neg_score": mean(self.neg), "triplets": self.triplets,
+            "kind": "train", "step": step, **{k: mean(v) for k, v in self.stats.items()}, **self.counts,
             "images": self.images, "seconds": round(self.seconds, 4),
             "images_per_s": round(self.images / self.seconds, 2) if self.seconds else None,
             **{f"lr_{name}": lr for name, lr in lrs.items()},

@@ -38,8 +38,11 @@ class MetricsLog:
             f.writelines(json.dumps(r) + "\n" for r in kept)
 
 
-def plot_metrics(records: list[dict], path: Path, title: str = "") -> None:
-    """Two panels against the optimiser step: the training loss, and test Recall@1 (single- and multi-vector).
+def plot_metrics(
+    records: list[dict], path: Path, title: str = "", loss_label: str = "triplet loss (MaxSim, mean over log interval)"
+) -> None:
+    """Two panels against the optimiser step: the training loss (y axis named ``loss_label``), and test Recall@1
+    (single- and multi-vector).
 
     Writes a PNG with matplotlib's Agg backend.
     """
@@ -53,7 +56,7 @@ def plot_metrics(records: list[dict], path: Path, title: str = "") -> None:
     fig, (ax_loss, ax_r1) = plt.subplots(1, 2, figsize=(10, 3.8))
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], color="tab:red")
     ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("triplet loss (MaxSim, mean over log interval)")
+    ax_loss.set_ylabel(loss_label)
     for scoring, style in (("multi", "o-"), ("single", "s--")):
         pts = [(r["step"], r[scoring]["recall@1"]) for r in evals if scoring in r]
         if pts:
