@@ -37,6 +37,32 @@ def auto_spec(num_images: int, tokens_per_image: int) -> str:
     return f"IVF{min(max(nlist, 256), 65536)},SQ8"
 
 
+def ivf_nlist(spec: str) -> int | None:
+    """The number of IVF lists of a factory spec ("IVF4096,SQ8" -> 4096), None when it is not an IVF spec."""
+    head = spec.split(",")[0]
+    if not head.startswith("IVF"):
+        return None
+    digits = ""
+    for ch in head[3:]:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else None
+
+
+def default_nprobe(spec: str) -> int:
+    """The IVF lists probed per query token that regis records for ``spec`` (``bench/search.py`` tuned it)."""
+    nlist = ivf_nlist(spec)
+    if nlist is None:
+        return 32  # not used by non-IVF indexes; the manifest's historical default
+    return int(min(nlist, max(8, nlist // 64)))
+
+
+def default_depth(spec: str) -> int:
+    """The candidate depth k' (neighbours per query token) that regis records for ``spec``."""
+    return 64
+
+
 def new_index(spec: str, dim: int):
     """An empty index for ``spec`` with inner-product metric, accepting explicit ids.
 

@@ -1,0 +1,162 @@
+"""Compressed token store: FAISS quantiser codes of every stored token, used for the rerank.
+
+The float16 segments stay the source of truth (exact mode, FAISS rebuilds); a version built with a compressed
+token store also holds
+
+    versions/v000003/codec.faiss   the trained FAISS codec (a standalone-codec index, ``sa_encode``/``sa_decode``)
+    versions/v000003/codes.npy     uint8 (next_id, T, code_size): the codes of image id i in row i (zeros if dead)
+
+and the ANN search reranks its candidates with MaxSim over the decoded tokens (``Searcher``), so a query
+touches ``T * code_size`` bytes per candidate instead of ``T * D * 2``.
+
+Specs are FAISS ``index_factory`` strings of standalone codecs, e.g. ``PQ96`` (product quantiser, 96 sub-vectors
+of 8 bits: 96 bytes per token), ``OPQ96,PQ96`` (with a learned rotation), ``SQ8`` / ``SQ4`` (scalar), or
+``RQ...`` (residual). ``float16`` means no codes (the segments are read). Source: FAISS wiki, "Vector codecs"
+(standalone codec API ``sa_encode`` / ``sa_decode`` / ``sa_code_size``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import ConfigError, IndexFormatError
+
+FLOAT16 = "float16"
+CODEC_FILE = "codec.faiss"
+CODES_FILE = "codes.npy"
+TRAIN_IMAGES = 25_000  # images sampled to train a codec (x T token vectors)
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def new_codec(spec: str, dim: int):
+    """An untrained standalone codec for ``spec`` (an ``index_factory`` string) over ``dim``-d vectors.
+
+    Raises:
+        ConfigError: FAISS cannot parse ``spec``, or it is not a standalone codec (e.g. an IVF or HNSW index).
+    """
+    if spec == FLOAT16:
+        raise ConfigError("float16 is the uncompressed store: it has no codec")
+    faiss = _faiss()
+    try:
+        codec = faiss.index_factory(int(dim), spec, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise ConfigError(f"FAISS cannot build a token codec from spec {spec!r}") from exc
+    inner = codec.index if isinstance(codec, faiss.IndexPreTransform) else codec
+    if faiss.try_extract_index_ivf(inner) is not None or "HNSW" in spec or "IDMap" in spec:
+        raise ConfigError(f"token store spec {spec!r} is a search index, not a codec; use e.g. PQ96 or SQ8")
+    return codec
+
+
+def check_spec(spec: str, dim: int) -> str:
+    """Validate a token store spec (``float16`` or a codec spec); returns it.
+
+    Raises:
+        ConfigError: as ``new_codec``.
+    """
+    if spec != FLOAT16:
+        new_codec(spec, dim)
+    return spec
+
+
+def train_codec(spec: str, vectors: np.ndarray):
+    """Train a codec on ``vectors`` (n, D) float32 token vectors.
+
+    Raises:
+        ConfigError: too few vectors for the codec (a PQ with 8-bit codes wants >= 256 x 39 vectors).
+    """
+    codec = new_codec(spec, vectors.shape[1])
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if not codec.is_trained:
+        try:
+            codec.train(vectors)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot train token codec {spec!r} on {len(vectors)} vectors: {exc}") from exc
+    return codec
+
+
+def code_size(codec) -> int:
+    """Bytes per token vector."""
+    return int(codec.sa_code_size())
+
+
+def encode(codec, tokens: np.ndarray) -> np.ndarray:
+    """(n, T, D) float tokens -> (n, T, code_size) uint8 codes."""
+    n, t, d = tokens.shape
+    if n == 0:
+        return np.zeros((0, t, code_size(codec)), np.uint8)
+    flat = np.ascontiguousarray(tokens.reshape(n * t, d), dtype=np.float32)
+    return codec.sa_encode(flat).reshape(n, t, -1)
+
+
+def decode(codec, codes: np.ndarray) -> np.ndarray:
+    """(n, T, code_size) uint8 codes -> (n, T, D) float32 reconstructed tokens (not re-normalised)."""
+    n, t, c = codes.shape
+    if n == 0:
+        return np.zeros((0, t, codec.d), np.float32)
+    return codec.sa_decode(np.ascontiguousarray(codes.reshape(n * t, c))).reshape(n, t, -1)
+
+
+def write_codec(codec, path: Path) -> None:
+    """Write a trained codec."""
+    _faiss().write_index(codec, str(path))
+
+
+def read_codec(path: Path):
+    """Read a codec written by ``write_codec``.
+
+    Raises:
+        IndexFormatError: missing or unreadable.
+    """
+    if not Path(path).is_file():
+        raise IndexFormatError(f"token codec {path} is missing")
+    try:
+        return _faiss().read_index(str(path))
+    except RuntimeError as exc:
+        raise IndexFormatError(f"token codec {path} cannot be read by FAISS") from exc
+
+
+class CodeStore:
+    """Read access to the compressed tokens of one index version.
+
+    Args:
+        version_dir: the version directory holding ``codec.faiss`` and ``codes.npy``.
+        tokens_per_image, dim: T and D.
+
+    Raises:
+        IndexFormatError: a file is missing, or the codes do not match the codec, T or D.
+    """
+
+    def __init__(self, version_dir: Path, tokens_per_image: int, dim: int):
+        self.codec = read_codec(Path(version_dir) / CODEC_FILE)
+        try:
+            self.codes = np.load(Path(version_dir) / CODES_FILE, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{Path(version_dir) / CODES_FILE} is missing or corrupt") from exc
+        cs = code_size(self.codec)
+        if self.codec.d != dim or self.codes.ndim != 3 or self.codes.shape[1:] != (tokens_per_image, cs):
+            raise IndexFormatError(
+                f"token codes {self.codes.shape} do not fit T = {tokens_per_image}, D = {dim}, code size {cs}"
+            )
+        self.tokens_per_image = tokens_per_image
+        self.dim = dim
+        self.code_size = cs
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """Decoded tokens of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, D) float32."""
+        ids = np.asarray(ids, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")  # sequential reads from the memory map
+        codes = np.empty((len(ids), self.tokens_per_image, self.code_size), np.uint8)
+        codes[order] = self.codes[ids[order]]
+        return decode(self.codec, codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the codes array (next_id x T x code_size)."""
+        return int(self.codes.nbytes)
