@@ -68,16 +68,17 @@ class Searcher:
         device: torch device for the MaxSim rerank ("cpu" or "cuda").
         exact_chunk: images scored per step in exact mode.
         use_codes: rerank on the compressed token store when the index has one (False: float16 only).
-        refine: compressed store: how many times k candidates are re-scored exactly on float16 (>= 1).
+        refine: compressed store: how many times k candidates are re-scored exactly on float16; 0 ranks on
+            the decoded codes alone (no float16 read; scores are then approximate).
 
     Raises:
-        ConfigError: refine < 1.
+        ConfigError: refine < 0.
     """
 
     def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192,
                  use_codes: bool = True, refine: int = DEFAULT_REFINE):
-        if refine < 1:
-            raise ConfigError(f"refine must be >= 1, got {refine}")
+        if refine < 0:
+            raise ConfigError(f"refine must be >= 0, got {refine}")
         self.snapshot = snapshot
         self.device = torch.device(device)
         self.exact_chunk = exact_chunk
@@ -148,6 +149,8 @@ class Searcher:
 
     def _rank(self, query: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top k of the candidates: exact float16 rerank, or codes then exact re-scoring of refine x k."""
+        if self.codes is not None and self.refine == 0:
+            return top_k(cand, self.rerank_codes(query, cand), k)
         if self.codes is not None and len(cand) > self.refine * k:
             keep, _ = top_k(cand, self.rerank_codes(query, cand), self.refine * k)
             cand = np.sort(keep)
