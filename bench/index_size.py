@@ -143,7 +143,8 @@ def main() -> None:
     for r in rows:
         store_b = r["codes"] / n if r["store"] != "float16" else r["segments"] / n
         disk = sum(r[k] for k in ("faiss", "codes", "codec", "table", "locations", "segments")) / n
-        ram = (r["faiss"] + r["locations"] + r["codec"] + (r["codes"] if r["store"] != "float16" else r["segments"])) / n
+        store_bytes = r["codes"] if r["store"] != "float16" else r["segments"]
+        ram = (r["faiss"] + r["locations"] + r["codec"] + store_bytes) / n
         build = f"{r['build_s']:.1f}" if r.get("build_s") else "(cached)"
         print(f"| {r['store']} | {r['code_bytes_per_token']} | {store_b:.0f} | {r['faiss'] / n:.0f} | {disk:.0f} | "
               f"{ram:.0f} | {build} | {r['recall@10']:.4f} | {r['recall@10_codes_only']:.4f} | "

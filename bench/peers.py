@@ -150,7 +150,8 @@ def run_pylate(args, kind: str) -> list[dict]:
     ids = [str(i) for i in range(len(db))]
     rows = []
     if kind == "voyager":
-        index = indexes.Voyager(index_folder=str(folder), index_name="idx", override=args.rebuild or not folder.exists(),
+        override = args.rebuild or not folder.exists()
+        index = indexes.Voyager(index_folder=str(folder), index_name="idx", override=override,
                                 embedding_size=db.shape[2], M=args.voyager_m, ef_construction=args.voyager_efc)
     else:
         index = indexes.PLAID(index_folder=str(folder), index_name="idx", override=args.rebuild or not folder.exists(),

@@ -138,7 +138,7 @@ def main() -> None:
           "| QPS batched |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        def f(key, fmt):
+        def f(key, fmt, r=r):
             return format(r[key], fmt) if isinstance(r.get(key), (int, float)) else "-"
         print(f"| {r['system']} | {r['spec']} | {r['token_store']} | {r['nprobe']} | {r['depth']} | "
               f"{f('candidates', '.0f')} | {f('recall@10', '.4f')} | {f('p50_ms', '.2f')} | {f('p99_ms', '.2f')} | "
