@@ -149,7 +149,8 @@ def main() -> None:
           "server candidates ms | server rerank ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['clients']} | {r['requests']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['throughput_qps']:.1f} | "
+        print(f"| {r['clients']} | {r['requests']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
+              f"{r['throughput_qps']:.1f} | "
               f"{r.get('server_decode_ms', 0):.1f} | {r.get('server_encode_ms', 0):.1f} | "
               f"{r.get('server_candidates_ms', 0):.1f} | {r.get('server_rerank_ms', 0):.1f} |")
 
