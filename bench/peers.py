@@ -116,12 +116,13 @@ def run_fast_plaid(args) -> list[dict]:
     db, q, gt, tag = _load(args)
     path = PEER_DIR / f"fast-plaid-{tag}-{len(db)}"
     fp = fp_search.FastPlaid(index=str(path), device="cpu")
-    built = None
-    if args.rebuild or not path.exists() or not any(path.iterdir()):
+    marker = PEER_DIR / f"fast-plaid-{tag}-{len(db)}.built.json"
+    if args.rebuild or not marker.exists():
         t0 = time.perf_counter()
         docs = torch.from_numpy(np.asarray(db, dtype=np.float32))
         fp.create(documents_embeddings=list(docs.unbind(0)), nbits=args.nbits)
-        built = time.perf_counter() - t0
+        marker.write_text(json.dumps({"build_s": time.perf_counter() - t0}))
+    built = json.loads(marker.read_text())["build_s"]
     size = dir_bytes(path)
     rows = []
     for probe in [int(x) for x in args.probes.split(",")]:
@@ -232,11 +233,16 @@ def main() -> None:
     p.add_argument("--python-fast-plaid", default=DEFAULT_PYTHONS["fast-plaid"])
     p.add_argument("--python-pylate", default=DEFAULT_PYTHONS["pylate"])
     p.add_argument("--skip", default="", help="engines to leave out of --all, comma list")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of every engine (and regis's)")
     args = p.parse_args()
     PEER_DIR.mkdir(parents=True, exist_ok=True)
     if args.all:
         run_all(args)
         return
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     print_machine({"bench": "peers", "engine": args.engine})
     fn = {"torch": run_torch, "fast-plaid": run_fast_plaid,
           "pylate-voyager": lambda a: run_pylate(a, "voyager"), "pylate-plaid": lambda a: run_pylate(a, "plaid")}
@@ -255,10 +261,14 @@ def run_all(args) -> None:
               "--n-single", str(args.n_single), "--k", str(args.k), "--batch", str(args.batch)]
     if args.n_db:
         common += ["--n-db", str(args.n_db)]
+    if args.threads:
+        common += ["--threads", str(args.threads)]
     regis_cmd = [args.python_torch, "-m", "bench.search", "--source", args.source, "--dim", str(args.dim),
                  "--n-queries", str(args.n_queries), "--json", str(PEER_DIR / "regis-default.json")]
     if args.n_db:
         regis_cmd += ["--n-db", str(args.n_db)]
+    if args.threads:
+        regis_cmd += ["--threads", str(args.threads)]
     plan = [("regis", regis_cmd)]
     skip = set(args.skip.split(","))
     engines = [("torch", args.python_torch, []),

@@ -10,6 +10,7 @@ parameters are per call; their defaults (depth, nprobe) come from the index mani
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,6 +25,10 @@ from regis.scores.maxsim import maxsim_gemm
 
 DEFAULT_DEPTH = 64  # candidate depth of indexes whose manifest records none (the manifest's depth wins)
 DEFAULT_REFINE = 4  # compressed store: candidates re-scored exactly on float16 = refine x k
+# FAISS threads of one query's candidate search: its 10 token searches are too small to split across cores
+# (an OpenMP team that wakes per query costs more than it saves, and fights the rerank's threads); concurrent
+# queries use the cores instead. Batches use every core. Measured in BENCHMARKS.md (bench/search.py).
+SINGLE_QUERY_THREADS = 1
 MAX_K = 1000
 MAX_DEPTH = 4096
 Mode = Literal["ann", "exact"]
@@ -70,13 +75,16 @@ class Searcher:
         use_codes: rerank on the compressed token store when the index has one (False: float16 only).
         refine: compressed store: how many times k candidates are re-scored exactly on float16; 0 ranks on
             the decoded codes alone (no float16 read; scores are then approximate).
+        search_threads: FAISS threads for a single query's candidate search (``search``); batches
+            (``search_batch``) use ``batch_threads`` (None: every core).
 
     Raises:
         ConfigError: refine < 0.
     """
 
     def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192,
-                 use_codes: bool = True, refine: int = DEFAULT_REFINE):
+                 use_codes: bool = True, refine: int = DEFAULT_REFINE,
+                 search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None):
         if refine < 0:
             raise ConfigError(f"refine must be >= 0, got {refine}")
         self.snapshot = snapshot
@@ -86,6 +94,8 @@ class Searcher:
         self.D = snapshot.manifest.dim
         self.codes = snapshot.codes if use_codes else None
         self.refine = refine
+        self.search_threads = search_threads
+        self.batch_threads = batch_threads or os.cpu_count() or 1
 
     @property
     def default_depth(self) -> int:
@@ -116,7 +126,8 @@ class Searcher:
         if self.snapshot.faiss.ntotal == 0:
             return np.zeros(0, dtype=np.int64)
         nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-        _, token_ids = faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe)
+        _, token_ids = faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe,
+                                          threads=self.search_threads)
         token_ids = token_ids[token_ids >= 0]
         return self._live_images(token_ids)
 
@@ -233,7 +244,8 @@ class Searcher:
             token_ids = np.full((b * m, depth), -1, dtype=np.int64)
         else:
             nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-            _, token_ids = faiss_index.search(self.snapshot.faiss, queries.reshape(b * m, -1), depth, nprobe=nprobe)
+            _, token_ids = faiss_index.search(self.snapshot.faiss, queries.reshape(b * m, -1), depth, nprobe=nprobe,
+                                              threads=self.batch_threads)
         t1 = time.perf_counter()
         out = []
         for i in range(b):

@@ -103,6 +103,9 @@ def test_auto_spec_is_the_benchmarked_one():
     assert faiss_index.ivf_nlist(spec) is not None
     assert 1 <= faiss_index.default_nprobe(spec) <= faiss_index.ivf_nlist(spec)
     assert faiss_index.ivf_nlist("IVF4096,SQ8") == 4096 and faiss_index.ivf_nlist("Flat") is None
+    # the values BENCHMARKS.md measured at 100k images: IVF4096,SQ8, nprobe 32, depth 64
+    assert spec == "IVF4096,SQ8"
+    assert (faiss_index.default_nprobe(spec), faiss_index.default_depth(spec)) == (32, 64)
 
 
 def test_default_ann_search_keeps_the_exact_ranking(tmp_path, corpus, queries):
