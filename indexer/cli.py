@@ -32,7 +32,7 @@ def build(
     ] = None,
     token_store: Annotated[
         str | None,
-        typer.Option("--token-store", help="Rerank store: float16 (default) or a FAISS codec, e.g. PQ96."),
+        typer.Option("--token-store", help="Rerank store: float16 (default), pq, or a FAISS codec spec."),
     ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 32,
     workers: Annotated[int | None, typer.Option("--workers", help="Decoding processes (default min(4, CPUs)).")] = None,

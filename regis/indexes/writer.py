@@ -96,8 +96,8 @@ class IndexWriter:
         images_root: absolute path of the indexed folder, recorded in the manifest (None: keep the base's).
         keep_versions: published versions kept on disk after a commit (>= 1).
         lock_timeout_s: how long to wait for another writer to finish.
-        token_store: what the ANN rerank reads: "float16" (the segments) or a FAISS codec spec such as "PQ96"
-            (``regis.indexes.codes``); None keeps the base's, else float16.
+        token_store: what the ANN rerank reads: "float16" (the segments), "pq" (``RR{D},PQ{D/4}``) or a FAISS
+            codec spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's, else float16.
         depth: default candidate depth k' recorded in the manifest (None: keep the base's while the FAISS spec
             stays the same, else ``faiss_index.default_depth``).
 
@@ -123,7 +123,7 @@ class IndexWriter:
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
         if token_store is not None:
-            token_codes.check_spec(token_store, encoder.dim)
+            token_store = token_codes.check_spec(token_store, encoder.dim)
         if depth is not None and depth < 1:
             raise ConfigError(f"depth must be >= 1, got {depth}")
         self._token_store_arg = token_store

@@ -70,7 +70,7 @@ def queries(data):
 @pytest.fixture(scope="module")
 def ivf_pq_index(tmp_path_factory, corpus):
     path = tmp_path_factory.mktemp("ivfpq") / "index"
-    write_index(path, corpus, faiss_spec="IVF32,SQ8", token_store="PQ8")
+    write_index(path, corpus, faiss_spec="IVF32,SQ8", token_store="pq")
     return path
 
 
@@ -173,8 +173,16 @@ def test_incremental_commit_reuses_the_codec(tmp_path, corpus):
     snap.close()
 
 
+def test_pq_alias_is_rotation_plus_pq():
+    assert token_codes.resolve_spec("pq", 384) == "RR384,PQ96"
+    assert token_codes.check_spec("pq", D) == "RR32,PQ8"
+    assert token_codes.resolve_spec("SQ8", 384) == "SQ8"
+    with pytest.raises(ConfigError):
+        token_codes.resolve_spec("pq", 30)
+
+
 def test_bad_token_store_specs_are_refused(tmp_path, corpus):
-    for spec in ("IVF16,Flat", "nonsense", "HNSW32"):
+    for spec in ("nonsense", "HNSW32", "float17"):
         with pytest.raises(ConfigError):
             write_index(tmp_path / f"bad-{spec}", corpus[:100], token_store=spec)
     with pytest.raises(ConfigError):  # too few vectors to train 256 centroids per sub-quantiser
