@@ -118,13 +118,17 @@ def test_default_ann_search_keeps_the_exact_ranking(tmp_path, corpus, queries):
 
 
 def test_ivf_defaults_keep_the_exact_ranking(ivf_pq_index, queries):
-    """IVF candidates + compressed store with the default nprobe/depth/refine: recall@10 >= 0.99, and the
-    returned scores are the exact float16 MaxSim scores (the refine step re-scores them)."""
+    """IVF candidates with the default nprobe/depth: recall@10 >= 0.99 on float16; the compressed store ("pq",
+    2 bits per dimension) with the default refine stays within 0.02 of it (0.002 on the real 384-d tokens,
+    BENCHMARKS.md), and the returned scores are the exact float16 MaxSim scores (the refine step)."""
     snap = IndexSnapshot.open(ivf_pq_index)
     searcher = Searcher(snap)
     assert snap.codes is not None and snap.manifest.token_store.code_size == 8
-    assert recall(searcher, queries) >= 0.99
+    assert snap.manifest.token_store.spec == "RR32,PQ8"
     exact_scorer = Searcher(snap, use_codes=False)
+    float16 = recall(exact_scorer, queries)
+    assert float16 >= 0.99
+    assert recall(searcher, queries) >= float16 - 0.02
     for q in queries[:5]:
         r = searcher.search(q, k=10)
         np.testing.assert_allclose(r.scores, exact_scorer.rerank(q, r.ids), rtol=1e-6)
