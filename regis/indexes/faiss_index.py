@@ -15,7 +15,7 @@ import numpy as np
 
 from regis.errors import ConfigError
 
-FLAT_MAX_IMAGES = 20_000  # up to this many images the exact Flat token index is used
+FLAT_MAX_IMAGES = 2_000  # up to this many images the exact Flat token index is used (BENCHMARKS.md)
 
 
 def _faiss():
@@ -28,7 +28,9 @@ def auto_spec(num_images: int, tokens_per_image: int) -> str:
     """The FAISS factory spec regis picks for a collection of ``num_images`` images.
 
     Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},SQ8`` with nlist the power of two
-    nearest 4 * sqrt(token vectors), clamped to [256, 65536].
+    nearest 4 * sqrt(token vectors), clamped to [256, 65536]. The Flat limit was 20,000 images; on a CPU a Flat
+    scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
+    (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors: enough to train 512 lists).
     """
     if num_images <= FLAT_MAX_IMAGES:
         return "Flat"
@@ -54,16 +56,16 @@ DEFAULT_DEPTH = 64  # candidate depth k' regis records in new manifests
 
 
 def default_nprobe(spec: str) -> int:
-    """The IVF lists probed per query token that regis records for ``spec``: 1/128 of the lists, at least 8.
+    """The IVF lists probed per query token that regis records for ``spec``: 32 (or every list if fewer).
 
-    Tuned with ``bench/search.py`` on 100k real images (BENCHMARKS.md): with ``IVF4096,SQ8``, nprobe 32 and
-    depth 64 give recall@10 0.997 of the exact MaxSim ranking at 4.7 ms p50 on 1 CPU core; nprobe 16 falls
-    to 0.989, nprobe 64 buys 0.002 for 1.5x the time.
+    Tuned with ``bench/search.py`` on real image tokens (BENCHMARKS.md), one CPU thread, depth 64:
+    100k images, ``IVF4096,SQ8``: nprobe 16 / 32 / 64 -> recall@10 0.989 / 0.997 / 0.999 at 3.0 / 4.7 / 7.0 ms
+    p50; 15.5k images, ``IVF2048,SQ8``: nprobe 16 / 32 / 48 -> 0.984 / 0.995 / 0.998 at 1.5 / 1.9 / 2.4 ms.
     """
     nlist = ivf_nlist(spec)
     if nlist is None:
         return 32  # not used by non-IVF indexes; the manifest's historical default
-    return int(min(nlist, max(8, nlist // 128)))
+    return int(min(nlist, 32))
 
 
 def default_depth(spec: str) -> int:

@@ -98,7 +98,9 @@ def test_manifest_records_tuned_defaults_and_search_uses_them(tmp_path, corpus):
 
 
 def test_auto_spec_is_the_benchmarked_one():
-    assert faiss_index.auto_spec(10_000, T) == "Flat"
+    assert faiss_index.auto_spec(faiss_index.FLAT_MAX_IMAGES, T) == "Flat"
+    assert faiss_index.auto_spec(15_500, T) == "IVF2048,SQ8"
+    assert faiss_index.default_nprobe("IVF256,SQ8") == 32 and faiss_index.default_nprobe("IVF16,Flat") == 16
     spec = faiss_index.auto_spec(100_000, T)
     assert faiss_index.ivf_nlist(spec) is not None
     assert 1 <= faiss_index.default_nprobe(spec) <= faiss_index.ivf_nlist(spec)
