@@ -113,7 +113,7 @@ def main() -> None:
 
     from bench.indexing import JPEG_DIR, make_photos
 
-    print_machine({"bench": "service", "n_db": args.n_db, "torch_threads": args.torch_threads})
+    print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads})
     index = build_serving_index(args.n_db)
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
