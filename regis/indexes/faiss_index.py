@@ -30,13 +30,16 @@ def auto_spec(num_images: int, tokens_per_image: int) -> str:
     Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},SQ8`` with nlist the power of two
     nearest 4 * sqrt(token vectors), clamped to [256, 65536]. The Flat limit was 20,000 images; on a CPU a Flat
     scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
-    (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors: enough to train 512 lists).
+    (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors: enough to train 512 lists). nlist never asks
+    for more than the 39 training vectors per list FAISS wants; below 256 lists' worth, Flat stays.
     """
-    if num_images <= FLAT_MAX_IMAGES:
-        return "Flat"
     n_vectors = max(1, num_images * tokens_per_image)
-    nlist = 2 ** round(math.log2(4 * math.sqrt(n_vectors)))
-    return f"IVF{min(max(nlist, 256), 65536)},SQ8"
+    if num_images <= FLAT_MAX_IMAGES or n_vectors < 39 * 256:
+        return "Flat"
+    nlist = min(max(2 ** round(math.log2(4 * math.sqrt(n_vectors))), 256), 65536)
+    while 39 * nlist > n_vectors:
+        nlist //= 2
+    return f"IVF{nlist},SQ8" if nlist >= 256 else "Flat"
 
 
 def ivf_nlist(spec: str) -> int | None:

@@ -100,6 +100,9 @@ def test_manifest_records_tuned_defaults_and_search_uses_them(tmp_path, corpus):
 def test_auto_spec_is_the_benchmarked_one():
     assert faiss_index.auto_spec(faiss_index.FLAT_MAX_IMAGES, T) == "Flat"
     assert faiss_index.auto_spec(15_500, T) == "IVF2048,SQ8"
+    for n, t in ((2_001, 10), (2_001, 1), (5_000, 1), (300_000, 1), (10**7, 10)):
+        spec = faiss_index.auto_spec(n, t)  # never more lists than the vectors can train
+        assert spec == "Flat" or 39 * faiss_index.ivf_nlist(spec) <= n * t
     assert faiss_index.default_nprobe("IVF256,SQ8") == 32 and faiss_index.default_nprobe("IVF16,Flat") == 16
     spec = faiss_index.auto_spec(100_000, T)
     assert faiss_index.ivf_nlist(spec) is not None
@@ -110,11 +113,13 @@ def test_auto_spec_is_the_benchmarked_one():
     assert (faiss_index.default_nprobe(spec), faiss_index.default_depth(spec)) == (32, 64)
 
 
-def test_default_ann_search_keeps_the_exact_ranking(tmp_path, corpus, queries):
-    """Flat candidates at the default depth (what regis uses up to 20k images): recall@10 >= 0.99."""
-    write_index(tmp_path / "flat", corpus)
-    snap = IndexSnapshot.open(tmp_path / "flat")
-    assert snap.manifest.faiss.spec == "Flat"
+@pytest.mark.parametrize(("n_images", "spec"), [(2_000, "Flat"), (3_000, "IVF512,SQ8")])
+def test_default_ann_search_keeps_the_exact_ranking(tmp_path, corpus, queries, n_images, spec):
+    """regis's automatic choice (Flat up to 2,000 images, IVF above) with the manifest's default nprobe and
+    depth: recall@10 >= 0.99 of the exact ranking."""
+    write_index(tmp_path / "auto", corpus[:n_images])
+    snap = IndexSnapshot.open(tmp_path / "auto")
+    assert snap.manifest.faiss.spec == spec and snap.manifest.faiss.auto
     assert recall(Searcher(snap), queries) >= 0.99
     snap.close()
 
