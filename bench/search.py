@@ -80,6 +80,8 @@ def main() -> None:
     p.add_argument("--no-single", action="store_true", help="batched QPS only (faster sweeps)")
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch and FAISS threads (default: all cores)")
+    p.add_argument("--search-threads", type=int, default=None,
+                   help="FAISS threads of one query's candidate search (default: regis's, 1; 0 = every core)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = p.parse_args()
 
@@ -108,7 +110,8 @@ def main() -> None:
             built = build_index(path, db, None if spec == "auto" else spec, token_store=args.token_store)
             print("built:", json.dumps({"index": name, **built}), flush=True)
         snap = IndexSnapshot.open(path)
-        searcher = Searcher(snap)
+        searcher = Searcher(snap) if args.search_threads is None else Searcher(
+            snap, search_threads=args.search_threads or None)
         m = snap.manifest
         nprobes = _ints(args.nprobes) or [None]
         depths = _ints(args.depths) or [None]

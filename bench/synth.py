@@ -94,7 +94,7 @@ def generate(params: dict, n: int, rng: np.random.Generator, allow_copies: bool 
         dup = rng.random(n) < float(params["dup_frac"])
         src = pool[rng.integers(0, len(pool), size=int(dup.sum()))].astype(np.float32)
         x[dup] = src + params["copy_std"] * rng.standard_normal(src.shape).astype(np.float32)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
 
 def stats(db: np.ndarray, q: np.ndarray, n: int = 20_000) -> dict:
