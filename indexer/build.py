@@ -47,6 +47,8 @@ class BuildOptions:
         images_root: the folder the index's image paths are relative to (None: the folder being built). When
             set, the folder built must lie inside it and the build only adds, updates and removes images below
             that folder: images of other folders under the root stay as they are.
+        token_store: what the ANN rerank reads: "float16" or a FAISS codec spec ("PQ96"); None keeps the index's.
+        depth: default candidate depth k' stored in the manifest; None: the tuned default for the FAISS spec.
     """
 
     batch_size: int = 32
@@ -59,6 +61,8 @@ class BuildOptions:
     on_progress: ProgressFn | None = None
     lock_timeout_s: float = 0.0
     images_root: Path | str | None = None
+    token_store: str | None = None
+    depth: int | None = None
 
 
 @dataclass
@@ -66,6 +70,10 @@ class BuildReport:
     """What a build did. Times in seconds; ``images_per_s`` counts embedded images over the embedding time.
 
     ``skipped`` lists {"path", "reason"} of files that could not be indexed.
+    Time split of the embedding loop (``embed_s``): ``decode_s`` = waiting for decoded batches (all of the
+    read + decode + transform time with ``num_workers=0``; only the part the workers could not hide behind
+    the encoder otherwise), ``encode_s`` = the encoder forward, ``put_s`` = writing token rows
+    (``IndexWriter.put``). ``write_s`` = the commit (FAISS index, codes, table, manifest).
     """
 
     images_root: str
@@ -82,6 +90,8 @@ class BuildReport:
     embed_s: float = 0.0
     encode_s: float = 0.0
     write_s: float = 0.0
+    decode_s: float = 0.0
+    put_s: float = 0.0
     total_s: float = 0.0
     images_per_s: float = 0.0
 
@@ -145,7 +155,13 @@ def _embed(
     done = 0
     t_start = time.perf_counter()
     try:
-        for batch in loader:
+        batches = iter(loader)
+        while True:
+            t_wait = time.perf_counter()
+            batch = next(batches, None)
+            report.decode_s += time.perf_counter() - t_wait
+            if batch is None:
+                break
             for item in batch["failed"]:
                 entry, image_id, _ = jobs[item["index"]]
                 report.skipped.append({"path": entry.path, "reason": item["error"]})
@@ -159,7 +175,9 @@ def _embed(
                     entry, image_id, meta = jobs[item["index"]]
                     records.append(ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"],
                                                item["bytes"], entry.mtime, meta))
+                t0 = time.perf_counter()
                 writer.put(records, tokens)
+                report.put_s += time.perf_counter() - t0
             done += len(batch["ok"]) + len(batch["failed"])
             elapsed = time.perf_counter() - t_start
             if bar is not None:
@@ -227,7 +245,8 @@ def build_index(
     t_total = time.perf_counter()
     report = BuildReport(images_root=str(base), index_dir=str(index_path))
     with IndexWriter(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
-                     nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s) as writer:
+                     nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s,
+                     token_store=options.token_store, depth=options.depth) as writer:
         t0 = time.perf_counter()
         entries = scan_folder(root, exclude=(index_path,))
         if scope:

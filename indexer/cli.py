@@ -27,6 +27,13 @@ def build(
         str | None, typer.Option("--faiss-index", help="FAISS factory spec (e.g. Flat, IVF1024,SQ8); default by size.")
     ] = None,
     nprobe: Annotated[int | None, typer.Option("--nprobe", help="Default IVF lists probed per query token.")] = None,
+    depth: Annotated[
+        int | None, typer.Option("--depth", help="Default candidates per query token (k'); default: tuned by spec.")
+    ] = None,
+    token_store: Annotated[
+        str | None,
+        typer.Option("--token-store", help="Rerank store: float16 (default), pq, or a FAISS codec spec."),
+    ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 32,
     workers: Annotated[int | None, typer.Option("--workers", help="Decoding processes (default min(4, CPUs)).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
@@ -39,7 +46,7 @@ def build(
 
     encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
-                           progress=progress)
+                           progress=progress, depth=depth, token_store=token_store)
     report = build_index(images_dir, index, encoder, options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))

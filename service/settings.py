@@ -21,7 +21,8 @@ class Settings(BaseSettings):
         max_upload_bytes: largest accepted upload, bytes.
         max_pixels: largest accepted image, pixels (decompression-bomb guard).
         default_k, max_k: results per query by default and at most.
-        default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default and at most.
+        default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default (None: the index
+            manifest's tuned default) and at most.
         torch_threads: torch intra-op threads (None: torch's default).
 
     Jobs, uploads and live updates (docs/DEPLOY.md):
@@ -55,7 +56,7 @@ class Settings(BaseSettings):
     max_pixels: int = Field(default=64_000_000, ge=10_000)
     default_k: int = Field(default=10, ge=1, le=1000)
     max_k: int = Field(default=100, ge=1, le=1000)
-    default_depth: int = Field(default=64, ge=1, le=4096)
+    default_depth: int | None = Field(default=None, ge=1, le=4096)
     max_depth: int = Field(default=1024, ge=1, le=4096)
     torch_threads: int | None = Field(default=None, ge=1)
     # jobs, uploads and live updates

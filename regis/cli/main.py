@@ -58,7 +58,9 @@ def search(
     index_dir: Annotated[Path, typer.Argument(help="Index directory.")],
     query_image: Annotated[Path, typer.Argument(help="Query image file.")],
     k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
-    depth: Annotated[int, typer.Option("--depth", help="Candidates: FAISS neighbours per query token (k').")] = 64,
+    depth: Annotated[
+        int | None, typer.Option("--depth", help="Candidates: FAISS neighbours per query token (k'); default: index's.")
+    ] = None,
     exact: Annotated[bool, typer.Option("--exact", help="Score every image exactly (slow; the oracle).")] = False,
     weights: Weights = None,
     device: Device = "cpu",

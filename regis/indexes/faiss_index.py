@@ -15,7 +15,7 @@ import numpy as np
 
 from regis.errors import ConfigError
 
-FLAT_MAX_IMAGES = 20_000  # up to this many images the exact Flat token index is used
+FLAT_MAX_IMAGES = 2_000  # up to this many images the exact Flat token index is used (BENCHMARKS.md)
 
 
 def _faiss():
@@ -28,13 +28,53 @@ def auto_spec(num_images: int, tokens_per_image: int) -> str:
     """The FAISS factory spec regis picks for a collection of ``num_images`` images.
 
     Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},SQ8`` with nlist the power of two
-    nearest 4 * sqrt(token vectors), clamped to [256, 65536].
+    nearest 4 * sqrt(token vectors), clamped to [256, 65536]. The Flat limit was 20,000 images; on a CPU a Flat
+    scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
+    (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors: enough to train 512 lists). nlist never asks
+    for more than the 39 training vectors per list FAISS wants; below 256 lists' worth, Flat stays.
     """
-    if num_images <= FLAT_MAX_IMAGES:
-        return "Flat"
     n_vectors = max(1, num_images * tokens_per_image)
-    nlist = 2 ** round(math.log2(4 * math.sqrt(n_vectors)))
-    return f"IVF{min(max(nlist, 256), 65536)},SQ8"
+    if num_images <= FLAT_MAX_IMAGES or n_vectors < 39 * 256:
+        return "Flat"
+    nlist = min(max(2 ** round(math.log2(4 * math.sqrt(n_vectors))), 256), 65536)
+    while 39 * nlist > n_vectors:
+        nlist //= 2
+    return f"IVF{nlist},SQ8" if nlist >= 256 else "Flat"
+
+
+def ivf_nlist(spec: str) -> int | None:
+    """The number of IVF lists of a factory spec ("IVF4096,SQ8" -> 4096), None when it is not an IVF spec."""
+    head = spec.split(",")[0]
+    if not head.startswith("IVF"):
+        return None
+    digits = ""
+    for ch in head[3:]:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else None
+
+
+DEFAULT_DEPTH = 64  # candidate depth k' regis records in new manifests
+
+
+def default_nprobe(spec: str) -> int:
+    """The IVF lists probed per query token that regis records for ``spec``: 32 (or every list if fewer).
+
+    Tuned with ``bench/search.py`` on real image tokens (BENCHMARKS.md), one CPU thread, depth 64:
+    100k images, ``IVF4096,SQ8``: nprobe 16 / 32 / 64 -> recall@10 0.989 / 0.997 / 0.999 at 3.0 / 4.7 / 7.0 ms
+    p50; 15.5k images, ``IVF2048,SQ8``: nprobe 16 / 32 / 48 -> 0.984 / 0.995 / 0.998 at 1.5 / 1.9 / 2.4 ms.
+    """
+    nlist = ivf_nlist(spec)
+    if nlist is None:
+        return 32  # not used by non-IVF indexes; the manifest's historical default
+    return int(min(nlist, 32))
+
+
+def default_depth(spec: str) -> int:
+    """The candidate depth k' (neighbours per query token) that regis records for ``spec`` (see
+    ``default_nprobe``: depth 32 loses 0.01 of recall@10, 128 gains < 0.001)."""
+    return DEFAULT_DEPTH
 
 
 def new_index(spec: str, dim: int):
@@ -111,7 +151,8 @@ def search_params(index, nprobe: int | None = None, ef_search: int | None = None
     return None
 
 
-def search(index, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None):
+def search(index, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
+           threads: int | None = None):
     """k nearest token vectors of each query vector.
 
     Args:
@@ -120,6 +161,8 @@ def search(index, queries: np.ndarray, k: int, nprobe: int | None = None, ef_sea
         k: neighbours per query vector (>= 1).
         nprobe: IVF lists to probe for this call only.
         ef_search: HNSW search depth for this call only.
+        threads: FAISS OpenMP threads of the calling thread (OpenMP's ``omp_set_num_threads`` sets the calling
+            thread's own count, so concurrent callers do not affect each other); None leaves it as it is.
 
     Returns:
         scores (q, k) float32 inner products, ids (q, k) int64 token ids; -1 where fewer than k exist.
@@ -127,6 +170,8 @@ def search(index, queries: np.ndarray, k: int, nprobe: int | None = None, ef_sea
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if threads is not None:
+        _faiss().omp_set_num_threads(int(threads))
     params = search_params(index, nprobe, ef_search)
     if params is None:
         return index.search(queries, int(k))

@@ -32,12 +32,27 @@ class FaissInfo(BaseModel):
         ntotal: token vectors in the index (live images x T).
         nprobe: default IVF lists probed per query token (search calls may pass another).
         auto: True when regis chose the spec from the collection size (it may change it as the index grows).
+        depth: default candidate depth k' (FAISS neighbours per query token) of an ANN search; 64 in indexes
+            written before it was recorded.
     """
 
     spec: str
     ntotal: int
     nprobe: int = 32
     auto: bool = True
+    depth: int = 64
+
+
+class TokenStoreInfo(BaseModel):
+    """What the ANN rerank reads: the float16 segments, or FAISS codes of them (``regis.indexes.codes``).
+
+    Attributes:
+        spec: "float16", or the FAISS codec spec of the compressed store ("PQ96", "OPQ96,PQ96", "SQ8", ...).
+        code_size: bytes per token of the codes (None for float16).
+    """
+
+    spec: str = "float16"
+    code_size: int | None = None
 
 
 class Manifest(BaseModel):
@@ -58,6 +73,7 @@ class Manifest(BaseModel):
         next_id: the next image id to hand out (ids are never reused).
         segments: token segments referenced by ``locations.npy``.
         images_root: absolute path of the indexed folder (None for an index fed only by uploads).
+        token_store: the store the ANN rerank reads (float16 segments unless a compressed one was asked for).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -76,6 +92,7 @@ class Manifest(BaseModel):
     next_id: int
     segments: list[SegmentInfo]
     images_root: str | None = None
+    token_store: TokenStoreInfo = TokenStoreInfo()
 
     @staticmethod
     def now() -> str:

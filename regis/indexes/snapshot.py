@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import IndexFormatError
+from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
 from regis.indexes.layout import (
     FAISS_FILE,
@@ -34,15 +35,18 @@ class IndexSnapshot:
         store: token store.
         table: image table (read-only, thread-safe).
         faiss: the FAISS token index (in memory).
+        codes: the compressed token store (``regis.indexes.codes.CodeStore``), None for a float16 store.
     """
 
-    def __init__(self, index_dir: Path, name: str, manifest: Manifest, store: TokenStore, table: ImageTable, faiss):
+    def __init__(self, index_dir: Path, name: str, manifest: Manifest, store: TokenStore, table: ImageTable, faiss,
+                 codes: token_codes.CodeStore | None = None):
         self.index_dir = Path(index_dir)
         self.name = name
         self.manifest = manifest
         self.store = store
         self.table = table
         self.faiss = faiss
+        self.codes = codes
 
     @property
     def version(self) -> int:
@@ -77,7 +81,10 @@ class IndexSnapshot:
             index = faiss_index.read(vdir / FAISS_FILE)
         except RuntimeError as exc:
             raise IndexFormatError(f"{vdir / FAISS_FILE} cannot be read by FAISS") from exc
-        return cls(index_dir, name, manifest, store, ImageTable(vdir / TABLE_FILE, readonly=True), index)
+        codes = None
+        if manifest.token_store.spec != token_codes.FLOAT16:
+            codes = token_codes.CodeStore(vdir, manifest.tokens_per_image, manifest.dim)
+        return cls(index_dir, name, manifest, store, ImageTable(vdir / TABLE_FILE, readonly=True), index, codes)
 
     def close(self) -> None:
         """Release the table connection (memory maps go with the object)."""

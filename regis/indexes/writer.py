@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError, IndexLockedError, IndexMismatchError
+from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
 from regis.indexes.layout import (
     CURRENT_FILE,
@@ -45,7 +46,7 @@ from regis.indexes.layout import (
     version_name,
     write_bytes_atomic,
 )
-from regis.indexes.manifest import FaissInfo, Manifest, SegmentInfo, read_manifest
+from regis.indexes.manifest import FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
 from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
 from regis.indexes.table import ImageRecord, ImageTable
 from regis.models.encoder import EncoderConfig, WeightsInfo
@@ -90,10 +91,15 @@ class IndexWriter:
         weights: the encoder's weights info; its checksum must match an existing index's.
         faiss_spec: FAISS factory spec to use; None keeps an explicit spec of the base index, or lets regis
             choose by size (``faiss_index.auto_spec``).
-        nprobe: default IVF probes recorded in the manifest (None: keep the base's).
+        nprobe: default IVF probes recorded in the manifest (None: keep the base's while the FAISS spec stays the
+            same, else the tuned default for the spec, ``faiss_index.default_nprobe``).
         images_root: absolute path of the indexed folder, recorded in the manifest (None: keep the base's).
         keep_versions: published versions kept on disk after a commit (>= 1).
         lock_timeout_s: how long to wait for another writer to finish.
+        token_store: what the ANN rerank reads: "float16" (the segments), "pq" (``RR{D},PQ{D/4}``) or a FAISS
+            codec spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's, else float16.
+        depth: default candidate depth k' recorded in the manifest (None: keep the base's while the FAISS spec
+            stays the same, else ``faiss_index.default_depth``).
 
     Raises:
         IndexLockedError: another writer holds the lock past the timeout.
@@ -111,9 +117,18 @@ class IndexWriter:
         images_root: str | None = None,
         keep_versions: int = DEFAULT_KEEP_VERSIONS,
         lock_timeout_s: float = 0.0,
+        token_store: str | None = None,
+        depth: int | None = None,
     ):
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
+        if token_store is not None:
+            token_store = token_codes.check_spec(token_store, encoder.dim)
+        if depth is not None and depth < 1:
+            raise ConfigError(f"depth must be >= 1, got {depth}")
+        self._token_store_arg = token_store
+        self._depth_arg = depth
+        self._nprobe_arg = nprobe
         self.dir = Path(index_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / SEGMENTS_DIR).mkdir(exist_ok=True)
@@ -329,6 +344,40 @@ class IndexWriter:
             faiss_index.add_tokens(index, part, store.get(part))
         return index
 
+    def _write_codes(self, store: TokenStore) -> TokenStoreInfo:
+        """Write codec.faiss + codes.npy for a compressed token store; reuses the base's codec (encoding only
+        the new rows) while the spec stays the same, else trains one on a sample of the live tokens."""
+        spec = self._token_store_arg or (self.base.token_store.spec if self.base else token_codes.FLOAT16)
+        if spec == token_codes.FLOAT16:
+            return TokenStoreInfo()
+        live = store.live_ids
+        codes_path = self._base_dir / token_codes.CODES_FILE if self._base_dir is not None else None
+        reuse = self.base is not None and self.base.token_store.spec == spec and codes_path.is_file()
+        if reuse:
+            codec = token_codes.read_codec(self._base_dir / token_codes.CODEC_FILE)
+            base_codes = np.load(codes_path, mmap_mode="r")
+            todo = np.array(sorted(i for i in set(self._added) if self.locations[i, 0] >= 0), dtype=np.int64)
+        else:
+            rng = np.random.default_rng(0)
+            n_train = min(len(live), token_codes.TRAIN_IMAGES)
+            sample = np.sort(rng.choice(live, size=n_train, replace=False)) if n_train < len(live) else live
+            codec = token_codes.train_codec(spec, store.get(sample).reshape(-1, self.D).astype(np.float32))
+            base_codes = None
+            todo = live
+        cs = token_codes.code_size(codec)
+        codes = np.zeros((self.next_id, self.T, cs), dtype=np.uint8)
+        if base_codes is not None:
+            codes[: len(base_codes)] = base_codes
+        for start in range(0, len(todo), _ADD_CHUNK):
+            part = todo[start : start + _ADD_CHUNK]
+            codes[part] = token_codes.encode(codec, store.get(part))
+        dead = np.ones(self.next_id, dtype=bool)
+        dead[live] = False
+        codes[dead] = 0
+        token_codes.write_codec(codec, self.tmp_dir / token_codes.CODEC_FILE)
+        np.save(self.tmp_dir / token_codes.CODES_FILE, codes)
+        return TokenStoreInfo(spec=spec, code_size=cs)
+
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()
         store = self._store()
@@ -339,6 +388,10 @@ class IndexWriter:
         if index.ntotal != num_images * self.T:
             raise RuntimeError(f"FAISS holds {index.ntotal} vectors, expected {num_images * self.T}")
         faiss_index.write(index, self.tmp_dir / FAISS_FILE)
+        same_spec = self.base is not None and self.base.faiss.spec == spec
+        nprobe = self._nprobe_arg or (self.base.faiss.nprobe if same_spec else faiss_index.default_nprobe(spec))
+        depth = self._depth_arg or (self.base.faiss.depth if same_spec else faiss_index.default_depth(spec))
+        token_store = self._write_codes(store)
         np.save(self.tmp_dir / LOCATIONS_FILE, self.locations[: self.next_id])
         self.table.commit()
         self.table.close()
@@ -350,11 +403,12 @@ class IndexWriter:
             weights=self.weights,
             tokens_per_image=self.T,
             dim=self.D,
-            faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=self.nprobe, auto=auto),
+            faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=nprobe, auto=auto, depth=depth),
             num_images=num_images,
             next_id=self.next_id,
             segments=self.segments,
             images_root=self.images_root,
+            token_store=token_store,
         )
         (self.tmp_dir / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
         if report is not None:

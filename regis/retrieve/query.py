@@ -18,7 +18,7 @@ from regis.images.decode import DEFAULT_MAX_PIXELS, decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.models.encoder import RegisEncoder, check_encoder_matches, encoder_from_manifest
 from regis.models.transforms import eval_transform
-from regis.retrieve.searcher import DEFAULT_DEPTH, Mode, Searcher
+from regis.retrieve.searcher import Mode, Searcher
 
 
 class QueryEngine:
@@ -99,9 +99,12 @@ class QueryEngine:
         t2 = time.perf_counter()
         return tokens, {"decode": (t1 - t0) * 1e3, "encode": (t2 - t1) * 1e3}
 
-    def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int = DEFAULT_DEPTH, mode: Mode = "ann",
+    def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
                       nprobe: int | None = None) -> dict:
-        """Search with precomputed query tokens (T, D); returns the JSON-ready result (see ``search_bytes``)."""
+        """Search with precomputed query tokens (T, D); returns the JSON-ready result (see ``search_bytes``).
+
+        ``depth`` None uses the index manifest's default candidate depth; the result reports the depth used.
+        """
         searcher = self.searcher  # one snapshot for the whole query, even if a swap happens meanwhile
         result = searcher.search(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe)
         records = searcher.snapshot.table.get_many(result.ids.tolist())
@@ -118,13 +121,13 @@ class QueryEngine:
             "index_version": searcher.snapshot.version,
             "mode": mode,
             "k": k,
-            "depth": depth,
+            "depth": result.depth or depth or searcher.default_depth,
             "num_candidates": result.num_candidates,
             "results": hits,
             "timings_ms": dict(result.timings_ms),
         }
 
-    def search_bytes(self, data: bytes, k: int = 10, depth: int = DEFAULT_DEPTH, mode: Mode = "ann",
+    def search_bytes(self, data: bytes, k: int = 10, depth: int | None = None, mode: Mode = "ann",
                      nprobe: int | None = None) -> dict:
         """Query by image bytes.
 

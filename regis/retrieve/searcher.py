@@ -2,11 +2,15 @@
 
 ANN mode: each of the query's m tokens fetches its ``depth`` nearest token vectors from FAISS; the images
 owning them are the candidates; their stored tokens are scored exactly with MaxSim and the top k returned.
-Exact mode scores every live image (the oracle for tests and benchmarks). Search parameters are per call.
+With a compressed token store (``regis.indexes.codes``) the candidates are first scored on their decoded
+codes, and the best ``refine * k`` of those are re-scored exactly on their float16 tokens, so the returned
+scores are always exact. Exact mode scores every live image (the oracle for tests and benchmarks). Search
+parameters are per call; their defaults (depth, nprobe) come from the index manifest.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -17,9 +21,14 @@ import torch
 from regis.errors import ConfigError
 from regis.indexes import faiss_index
 from regis.indexes.snapshot import IndexSnapshot
-from regis.scores.maxsim import maxsim_scores
+from regis.scores.maxsim import maxsim_gemm
 
-DEFAULT_DEPTH = 64
+DEFAULT_DEPTH = 64  # candidate depth of indexes whose manifest records none (the manifest's depth wins)
+DEFAULT_REFINE = 4  # compressed store: candidates re-scored exactly on float16 = refine x k
+# FAISS threads of one query's candidate search: its 10 token searches are too small to split across cores
+# (an OpenMP team that wakes per query costs more than it saves, and fights the rerank's threads); concurrent
+# queries use the cores instead. Batches use every core. Measured in BENCHMARKS.md (bench/search.py).
+SINGLE_QUERY_THREADS = 1
 MAX_K = 1000
 MAX_DEPTH = 4096
 Mode = Literal["ann", "exact"]
@@ -32,14 +41,16 @@ class SearchResult:
     Attributes:
         ids: (k',) int64 image ids, best first (k' <= k when the index is smaller or candidates run short).
         scores: (k',) float32 MaxSim scores, descending; ties broken by ascending id.
-        num_candidates: images scored exactly (all live images in exact mode).
+        num_candidates: images scored (all live images in exact mode).
         timings_ms: {"candidates": ms, "rerank": ms}.
+        depth: the candidate depth k' used (None in exact mode).
     """
 
     ids: np.ndarray
     scores: np.ndarray
     num_candidates: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+    depth: int | None = None
 
 
 def top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -61,14 +72,35 @@ class Searcher:
         snapshot: the index version to search.
         device: torch device for the MaxSim rerank ("cpu" or "cuda").
         exact_chunk: images scored per step in exact mode.
+        use_codes: rerank on the compressed token store when the index has one (False: float16 only).
+        refine: compressed store: how many times k candidates are re-scored exactly on float16; 0 ranks on
+            the decoded codes alone (no float16 read; scores are then approximate).
+        search_threads: FAISS threads for a single query's candidate search (``search``); batches
+            (``search_batch``) use ``batch_threads`` (None: every core).
+
+    Raises:
+        ConfigError: refine < 0.
     """
 
-    def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192):
+    def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192,
+                 use_codes: bool = True, refine: int = DEFAULT_REFINE,
+                 search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None):
+        if refine < 0:
+            raise ConfigError(f"refine must be >= 0, got {refine}")
         self.snapshot = snapshot
         self.device = torch.device(device)
         self.exact_chunk = exact_chunk
         self.T = snapshot.manifest.tokens_per_image
         self.D = snapshot.manifest.dim
+        self.codes = snapshot.codes if use_codes else None
+        self.refine = refine
+        self.search_threads = search_threads
+        self.batch_threads = batch_threads or os.cpu_count() or 1
+
+    @property
+    def default_depth(self) -> int:
+        """The manifest's candidate depth k' (what ``search`` uses when given none)."""
+        return int(self.snapshot.manifest.faiss.depth or DEFAULT_DEPTH)
 
     def _check_query(self, query: np.ndarray, k: int, depth: int) -> np.ndarray:
         query = np.asarray(query, dtype=np.float32)
@@ -94,25 +126,52 @@ class Searcher:
         if self.snapshot.faiss.ntotal == 0:
             return np.zeros(0, dtype=np.int64)
         nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-        _, token_ids = faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe)
+        _, token_ids = faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe,
+                                          threads=self.search_threads)
+        token_ids = token_ids[token_ids >= 0]
+        return self._live_images(token_ids)
+
+    def _live_images(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
         image_ids = np.unique(token_ids // self.T)
         return image_ids[self.snapshot.store.is_live(image_ids)]
 
+    def _maxsim(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        q = torch.from_numpy(np.ascontiguousarray(query, dtype=np.float32)).to(self.device)
+        return maxsim_gemm(q, torch.from_numpy(docs).to(self.device)).float().cpu().numpy()
+
     def rerank(self, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Exact MaxSim of ``query`` (m, D) against the stored tokens of ``ids`` (c,): (c,) float32."""
+        """Exact MaxSim of ``query`` (m, D) against the stored float16 tokens of ``ids`` (c,): (c,) float32."""
         if len(ids) == 0:
             return np.zeros(0, dtype=np.float32)
-        docs = torch.from_numpy(self.snapshot.store.get(ids)).to(self.device)
-        q = torch.from_numpy(np.ascontiguousarray(query)).to(self.device)
-        return maxsim_scores(q, docs).float().cpu().numpy()
+        return self._maxsim(query, self.snapshot.store.get(ids))
+
+    def rerank_codes(self, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """MaxSim of ``query`` (m, D) against the decoded compressed tokens of ``ids`` (c,): (c,) float32.
+
+        Raises:
+            ConfigError: the index has no compressed token store.
+        """
+        if self.codes is None:
+            raise ConfigError("this index has no compressed token store (token_store is float16)")
+        if len(ids) == 0:
+            return np.zeros(0, dtype=np.float32)
+        return self._maxsim(query, self.codes.get(ids))
+
+    def _rank(self, query: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k of the candidates: exact float16 rerank, or codes then exact re-scoring of refine x k."""
+        if self.codes is not None and self.refine == 0:
+            return top_k(cand, self.rerank_codes(query, cand), k)
+        if self.codes is not None and len(cand) > self.refine * k:
+            keep, _ = top_k(cand, self.rerank_codes(query, cand), self.refine * k)
+            cand = np.sort(keep)
+        return top_k(cand, self.rerank(query, cand), k)
 
     def _exact(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
         best_ids = np.zeros(0, dtype=np.int64)
         best_scores = np.zeros(0, dtype=np.float32)
-        q = torch.from_numpy(np.ascontiguousarray(query)).to(self.device)
         for ids, tokens in self.snapshot.store.iter_chunks(self.exact_chunk):
-            scores = maxsim_scores(q, torch.from_numpy(tokens).to(self.device)).float().cpu().numpy()
+            scores = self._maxsim(query, tokens)
             best_ids, best_scores = top_k(
                 np.concatenate([best_ids, ids]), np.concatenate([best_scores, scores]), k
             )
@@ -122,7 +181,7 @@ class Searcher:
         self,
         query: np.ndarray,
         k: int = 10,
-        depth: int = DEFAULT_DEPTH,
+        depth: int | None = None,
         mode: Mode = "ann",
         nprobe: int | None = None,
     ) -> SearchResult:
@@ -131,7 +190,7 @@ class Searcher:
         Args:
             query: (m, D) float32 unit-norm query tokens (m need not equal T).
             k: results wanted, 1..1000.
-            depth: ANN mode: neighbours per query token (k'), 1..4096.
+            depth: ANN mode: neighbours per query token (k'), 1..4096; None: the manifest's.
             mode: "ann" (candidates + rerank) or "exact" (score every image).
             nprobe: IVF lists probed for this call.
 
@@ -141,6 +200,7 @@ class Searcher:
         Raises:
             ConfigError: bad shapes or parameters.
         """
+        depth = depth or self.default_depth
         query = self._check_query(query, k, depth)
         if mode == "exact":
             t0 = time.perf_counter()
@@ -151,6 +211,48 @@ class Searcher:
         t0 = time.perf_counter()
         cand = self.candidates(query, depth, nprobe)
         t1 = time.perf_counter()
-        ids, scores = top_k(cand, self.rerank(query, cand), k)
+        ids, scores = self._rank(query, cand, k)
         t2 = time.perf_counter()
-        return SearchResult(ids, scores, len(cand), {"candidates": (t1 - t0) * 1e3, "rerank": (t2 - t1) * 1e3})
+        return SearchResult(ids, scores, len(cand), {"candidates": (t1 - t0) * 1e3, "rerank": (t2 - t1) * 1e3},
+                            depth=depth)
+
+    def search_batch(
+        self, queries: np.ndarray, k: int = 10, depth: int | None = None, nprobe: int | None = None
+    ) -> list[SearchResult]:
+        """ANN search of many queries at once: one FAISS call for all their tokens (FAISS spreads it over its
+        threads), then the per-query rerank. Same results as ``search`` query by query.
+
+        Args:
+            queries: (B, m, D) float32 unit-norm query tokens.
+            k, depth, nprobe: as ``search``.
+
+        Returns:
+            B ``SearchResult``; timings are the batch's, divided evenly.
+
+        Raises:
+            ConfigError: bad shapes or parameters.
+        """
+        queries = np.asarray(queries, dtype=np.float32)
+        if queries.ndim != 3 or queries.shape[0] < 1:
+            raise ConfigError(f"queries must be (B, m, {self.D}), got {tuple(queries.shape)}")
+        depth = depth or self.default_depth
+        b, m, _ = queries.shape
+        for q in queries[:1]:
+            self._check_query(q, k, depth)
+        t0 = time.perf_counter()
+        if self.snapshot.faiss.ntotal == 0:
+            token_ids = np.full((b * m, depth), -1, dtype=np.int64)
+        else:
+            nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
+            _, token_ids = faiss_index.search(self.snapshot.faiss, queries.reshape(b * m, -1), depth, nprobe=nprobe,
+                                              threads=self.batch_threads)
+        t1 = time.perf_counter()
+        out = []
+        for i in range(b):
+            cand = self._live_images(token_ids[i * m : (i + 1) * m].reshape(-1))
+            ids, scores = self._rank(queries[i], cand, k)
+            out.append(SearchResult(ids, scores, len(cand), depth=depth))
+        t2 = time.perf_counter()
+        for r in out:
+            r.timings_ms = {"candidates": (t1 - t0) * 1e3 / b, "rerank": (t2 - t1) * 1e3 / b}
+        return out

@@ -46,7 +46,7 @@ async def search(
     depth = depth or settings.default_depth
     if k > settings.max_k:
         raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
-    if depth > settings.max_depth:
+    if depth is not None and depth > settings.max_depth:
         raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:

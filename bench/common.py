@@ -1,0 +1,111 @@
+"""Shared helpers of the benchmark scripts: the machine description, data paths, timing and recall.
+
+Nothing heavy at import time: torch and faiss are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA_DIR = Path(os.environ.get("REGIS_BENCH_DATA", "/work/perf-data"))
+CORPUS_DIR = DATA_DIR / "corpus"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _ram_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("nan")
+
+
+def machine_info() -> dict:
+    """CPU model, cores, RAM, load average, GPU (if any) and library versions, for every printed figure."""
+    info = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "ram_gib": round(_ram_gib(), 1),
+        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        info["torch"] = None
+    try:
+        import faiss
+
+        info["faiss"] = faiss.__version__
+        info["faiss_threads"] = faiss.omp_get_max_threads()
+    except ImportError:
+        info["faiss"] = None
+    return info
+
+
+def print_machine(extra: dict | None = None) -> dict:
+    """Print ``machine_info()`` (plus ``extra``) as one JSON line prefixed ``machine:``; returns it."""
+    info = {**machine_info(), **(extra or {})}
+    print("machine:", json.dumps(info), flush=True)
+    return info
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
+    """Mean over queries of |found[:k] & truth[:k]| / k.
+
+    Args:
+        found: (Q, >=k) int64 ids returned by the system under test (-1 = nothing).
+        truth: (Q, >=k) int64 ids of the exact MaxSim ranking.
+    """
+    hits = 0
+    for f, t in zip(found, truth, strict=True):
+        hits += len(np.intersect1d(f[:k][f[:k] >= 0], t[:k]))
+    return hits / (k * len(truth))
+
+
+def latency_stats(seconds: list[float]) -> dict:
+    """p50 / p99 / mean in milliseconds of per-query latencies given in seconds."""
+    ms = np.asarray(seconds) * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean())}
+
+
+class Timer:
+    """``with Timer() as t: ...; t.s`` elapsed seconds (perf_counter)."""
+
+    def __enter__(self) -> Timer:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.s = time.perf_counter() - self.t0
+
+
+def dir_bytes(path: Path) -> int:
+    """Total size of the files below ``path`` (bytes)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,142 @@
+"""Benchmark corpus: tokens of real images (Fashion-MNIST through the offline EfficientNet-Lite0 backbone).
+
+What it does, exactly (BENCHMARKS.md "Corpus"):
+
+1. Reads Fashion-MNIST (70,000 28 x 28 grayscale images, ``/usr/share/datasets/fashion-mnist``).
+2. Database (100,000 images): the 60,000 training images, test images 1,000..9,999 (9,000), and 31,000
+   augmented copies of database originals drawn at random (seed 0): RandomResizedCrop(28, scale 0.5..1,
+   ratio 3/4..4/3) + horizontal flip (p 0.5) + brightness/contrast jitter 0.3 (torchvision). Queries: test
+   images 0..999 (1,000 images never in the database).
+3. Each image: 28 px -> ``--size`` px (default 96, bicubic, antialiased), grey -> 3 channels, the backbone's
+   mean/std; then ``RegisEncoder.encode`` of ``build_encoder("efficientnet-lite0")`` (real ImageNet weights,
+   kmeans part cues, ROI N = 3): 10 unit-norm tokens x 1280 per image. 96 px (a 3 x 3 feature map) instead of
+   224 px because Lite0 runs at ~7-30 images/s at 224 px on this 2-core machine; Fashion-MNIST has 28 px of
+   information anyway.
+4. Writes float16 tokens to ``$REGIS_BENCH_DATA/corpus/raw1280.f16`` ((101,000, 10, 1280), database rows
+   first, then the queries) and ``meta.npz`` (label, source index, split, augmented flag). Resumable: a killed
+   run continues from the last finished chunk.
+
+Then ``python -m bench.project`` reduces the tokens to 384-d (PCA, see there).
+
+Usage::
+
+    python -m bench.corpus [--size 96] [--batch 250] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import CORPUS_DIR, print_machine
+
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+N_DB = 100_000
+N_QUERIES = 1_000
+N_AUG = N_DB - 60_000 - (10_000 - N_QUERIES)
+CHUNK = 2_000
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (gzip) as a numpy array (uint8)."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_fmnist() -> tuple[np.ndarray, np.ndarray]:
+    """(70000, 28, 28) uint8 images (train then test) and (70000,) uint8 labels."""
+    imgs = [read_idx(FMNIST_DIR / f"{s}-images-idx3-ubyte.gz") for s in ("train", "t10k")]
+    labels = [read_idx(FMNIST_DIR / f"{s}-labels-idx1-ubyte.gz") for s in ("train", "t10k")]
+    return np.concatenate(imgs), np.concatenate(labels)
+
+
+def corpus_plan(seed: int = 0) -> dict[str, np.ndarray]:
+    """Rows of the corpus: ``source`` (index into the 70k images), ``augmented`` (bool), ``is_query`` (bool)."""
+    rng = np.random.default_rng(seed)
+    originals = np.concatenate([np.arange(60_000), 60_000 + np.arange(N_QUERIES, 10_000)])
+    aug_src = rng.choice(originals, size=N_AUG, replace=True)
+    queries = 60_000 + np.arange(N_QUERIES)
+    source = np.concatenate([originals, aug_src, queries])
+    augmented = np.concatenate([np.zeros(len(originals), bool), np.ones(N_AUG, bool), np.zeros(N_QUERIES, bool)])
+    is_query = np.zeros(len(source), bool)
+    is_query[N_DB:] = True
+    return {"source": source.astype(np.int64), "augmented": augmented, "is_query": is_query}
+
+
+def _pixels(images, augmented, size: int, seed: int):
+    import torch
+    import torch.nn.functional as F
+    from torchvision.transforms import v2
+
+    x = torch.from_numpy(np.ascontiguousarray(images)).float().div(255.0)[:, None]  # (B, 1, 28, 28)
+    if augmented.any():
+        torch.manual_seed(seed)
+        aug = v2.Compose([
+            v2.RandomResizedCrop(28, scale=(0.5, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ColorJitter(brightness=0.3, contrast=0.3),
+        ])
+        idx = np.flatnonzero(augmented)
+        x[idx] = torch.stack([aug(x[i]) for i in idx]).clamp(0, 1)
+    x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
+    return ((x - 0.5) / 0.5).expand(-1, 3, -1, -1).contiguous()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", type=int, default=96, help="input side in pixels")
+    p.add_argument("--batch", type=int, default=250)
+    p.add_argument("--limit", type=int, default=None, help="embed only the first N rows (a smoke test)")
+    p.add_argument("--out", type=Path, default=CORPUS_DIR)
+    args = p.parse_args()
+
+    import torch
+
+    from regis.models.encoder import build_encoder
+
+    print_machine()
+    enc = build_encoder("efficientnet-lite0")
+    if tuple(enc.config.mean) != (0.5, 0.5, 0.5) or tuple(enc.config.std) != (0.5, 0.5, 0.5):
+        raise SystemExit(f"unexpected normalisation {enc.config.mean} {enc.config.std}")
+    images, labels = load_fmnist()
+    plan = corpus_plan()
+    n = len(plan["source"]) if args.limit is None else args.limit
+    args.out.mkdir(parents=True, exist_ok=True)
+    T, D = enc.config.tokens_per_image, enc.config.dim
+    path = args.out / "raw1280.f16"
+    mode = "r+" if path.exists() else "w+"
+    tokens = np.memmap(path, dtype=np.float16, mode=mode, shape=(len(plan["source"]), T, D))
+    np.savez(args.out / "meta.npz", labels=labels[plan["source"]], **plan)
+    progress = args.out / "progress.json"
+    done = json.loads(progress.read_text())["done"] if progress.exists() else 0
+    t_start = time.perf_counter()
+    start_done = done
+    while done < n:
+        stop = min(done + CHUNK, n)
+        rows = np.arange(done, stop)
+        for b in range(0, len(rows), args.batch):
+            part = rows[b : b + args.batch]
+            pix = _pixels(images[plan["source"][part]], plan["augmented"][part], args.size, seed=int(part[0]))
+            with torch.inference_mode():
+                tokens[part] = enc.encode(pix).numpy().astype(np.float16)
+        tokens.flush()
+        done = stop
+        progress.write_text(json.dumps({"done": done, "size": args.size}))
+        rate = (done - start_done) / (time.perf_counter() - t_start)
+        print(f"{done}/{n} rows, {rate:.1f} images/s", flush=True)
+    info = {"rows": len(plan["source"]), "db": N_DB, "queries": N_QUERIES, "tokens_per_image": T, "dim": D,
+            "input_size": args.size, "encoder": enc.config.model_dump(), "weights": enc.weights_info.model_dump()}
+    (args.out / "info.json").write_text(json.dumps(info, indent=2))
+    print(json.dumps({"done": done, "images_per_s": (done - start_done) / (time.perf_counter() - t_start)}))
+
+
+if __name__ == "__main__":
+    main()

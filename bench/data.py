@@ -1,0 +1,117 @@
+"""Benchmark data access: the projected corpus (``bench.corpus`` + ``bench.project``), the exact MaxSim ground
+truth, and regis indexes built straight from token arrays (no images, no encoder)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import CORPUS_DIR, DATA_DIR
+
+
+def load_corpus(dim: int = 384, n_db: int | None = None, n_queries: int | None = None, source: str = "fmnist"):
+    """Database tokens (N, T, D) float16 (memory-mapped) and query tokens (Q, T, D) float32.
+
+    Args:
+        dim: token width of the projected corpus (``bench.project --dim``).
+        n_db, n_queries: take only the first rows (None: all).
+        source: "fmnist" (real tokens, ``bench.corpus``) or a path to a synthetic corpus written by
+            ``bench.synth`` (``db.f16`` + ``q.npy`` + ``info.json``).
+    """
+    if source == "fmnist":
+        info = json.loads((CORPUS_DIR / "info.json").read_text())
+        t = info["tokens_per_image"]
+        db = np.memmap(CORPUS_DIR / f"db{dim}.f16", dtype=np.float16, mode="r", shape=(info["db"], t, dim))
+        q = np.load(CORPUS_DIR / f"q{dim}.npy")
+    else:
+        root = Path(source)
+        info = json.loads((root / "info.json").read_text())
+        db = np.memmap(root / "db.f16", dtype=np.float16, mode="r", shape=(info["db"], info["tokens"], info["dim"]))
+        q = np.load(root / "q.npy")
+    return db[:n_db], q[:n_queries]
+
+
+def exact_topk(db: np.ndarray, q: np.ndarray, k: int = 100, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Exact MaxSim top-k of every query over every database image, in float32 (the oracle).
+
+    Args:
+        db: (N, T, D) float16 tokens.
+        q: (Q, m, D) float32 tokens.
+
+    Returns:
+        ids (Q, k) int64 and scores (Q, k) float32, score descending, ties by ascending id.
+    """
+    import torch
+
+    n, t, d = db.shape
+    nq, m, _ = q.shape
+    qf = torch.from_numpy(np.ascontiguousarray(q.reshape(nq * m, d).T))  # (D, Q*m)
+    best_s = torch.full((nq, k), -np.inf)
+    best_i = torch.full((nq, k), -1, dtype=torch.int64)
+    for start in range(0, n, chunk):
+        x = torch.from_numpy(np.ascontiguousarray(db[start : start + chunk])).reshape(-1, d).float()
+        c = x.shape[0] // t
+        sims = (x @ qf).view(c, t, nq, m).amax(dim=1).sum(dim=-1).T  # (Q, c)
+        ids = torch.arange(start, start + c).expand(nq, c)
+        all_s = torch.cat([best_s, sims], dim=1)
+        all_i = torch.cat([best_i, ids], dim=1)
+        top = torch.topk(all_s, k, dim=1)
+        best_s, best_i = top.values, torch.gather(all_i, 1, top.indices)
+    # exact tie-break by id within equal scores
+    ids, scores = best_i.numpy(), best_s.numpy()
+    for r in range(nq):
+        order = np.lexsort((ids[r], -scores[r]))
+        ids[r], scores[r] = ids[r][order], scores[r][order]
+    return ids, scores
+
+
+def ground_truth(db: np.ndarray, q: np.ndarray, tag: str, k: int = 100) -> tuple[np.ndarray, float]:
+    """Cached ``exact_topk`` ids (Q, k) for a (db, q) pair named ``tag``; returns (ids, seconds it took)."""
+    path = DATA_DIR / f"gt-{tag}-{len(db)}x{len(q)}.npz"
+    if path.exists():
+        z = np.load(path)
+        return z["ids"], float(z["seconds"])
+    t0 = time.perf_counter()
+    ids, scores = exact_topk(db, q, k)
+    seconds = time.perf_counter() - t0
+    np.savez(path, ids=ids, scores=scores, seconds=seconds)
+    return ids, seconds
+
+
+def bench_encoder(dim: int, tokens_per_image: int = 10):
+    """An ``EncoderConfig`` + ``WeightsInfo`` naming the benchmark tokens (the writer needs one; nothing runs it)."""
+    from regis.models.encoder import EncoderConfig, WeightsInfo
+
+    config = EncoderConfig(backbone=f"bench-tokens-{dim}", kind="cnn", num_registers=tokens_per_image // 2 - 1,
+                           dim=dim, cue_method="kmeans", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    return config, WeightsInfo(source="bench:tokens", sha256="0" * 64)
+
+
+def build_index(path: Path, db: np.ndarray, faiss_spec: str | None = None, token_store: str | None = None,
+                nprobe: int | None = None, depth: int | None = None, chunk: int = 10_000) -> dict:
+    """Write ``db`` (N, T, D) into a new regis index at ``path`` with ``IndexWriter``; returns timings (s)."""
+    import shutil
+
+    from regis.indexes.table import ImageRecord
+    from regis.indexes.writer import IndexWriter
+
+    if path.exists():
+        shutil.rmtree(path)
+    n, t, d = db.shape
+    config, weights = bench_encoder(d, t)
+    t0 = time.perf_counter()
+    with IndexWriter(path, config, weights, faiss_spec=faiss_spec, nprobe=nprobe, token_store=token_store,
+                     depth=depth) as w:
+        ids = w.allocate_ids(n)
+        for start in range(0, n, chunk):
+            part = ids[start : start + chunk]
+            recs = [ImageRecord(int(i), f"img/{i}.png", "0" * 64, 28, 28, 1, 0.0) for i in part]
+            w.put(recs, np.asarray(db[start : start + chunk]))
+        t1 = time.perf_counter()
+        manifest = w.commit()
+    t2 = time.perf_counter()
+    return {"put_s": t1 - t0, "commit_s": t2 - t1, "build_s": t2 - t0, "spec": manifest.faiss.spec,
+            "nprobe": manifest.faiss.nprobe, "depth": manifest.faiss.depth, "token_store": manifest.token_store.spec}

@@ -1,0 +1,159 @@
+"""Service benchmark: end-to-end query-by-image latency over HTTP under 1, 8 and 32 concurrent clients.
+
+1. Serving index: the EfficientNet-Lite0 tokens (1280-d, the real encoder's width; ``bench.corpus``) of the
+   first ``--n-db`` corpus database images, written with ``IndexWriter`` under the real Lite0 encoder config
+   and weights checksum, so ``regis serve`` rebuilds and checks the encoder as for any index. FAISS spec:
+   regis's automatic choice for that size. (The corpus tokens come from 96 px inputs, the queries are encoded
+   at 224 px by the service: the scores are not meaningful, the work per query is.)
+2. ``python -m regis serve --index ... --port ...`` in a subprocess on 127.0.0.1, env ``REGIS_TORCH_THREADS``
+   from ``--torch-threads``.
+3. Clients: ``c`` threads with one ``httpx.Client`` each, POST /v1/search with a 640 px JPEG from
+   ``bench.indexing``'s photo set, ``--requests`` requests in all per level (bounded); latency per request
+   (upload -> JSON parsed), throughput = requests / wall time. The server's own timings (decode, encode,
+   candidates, rerank) are averaged from the responses.
+
+Usage::
+
+    python -m bench.service --clients 1,8,32 --requests 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from bench.common import CORPUS_DIR, DATA_DIR, latency_stats, print_machine
+
+
+def build_serving_index(n_db: int):
+    """The Lite0 index of the first ``n_db`` database images (cached)."""
+    from regis.indexes.table import ImageRecord
+    from regis.indexes.writer import IndexWriter
+    from regis.models.encoder import build_encoder
+
+    path = DATA_DIR / "idx" / f"serve-lite0-{n_db}"
+    if (path / "CURRENT").exists():
+        return path
+    info = json.loads((CORPUS_DIR / "info.json").read_text())
+    raw = np.memmap(CORPUS_DIR / "raw1280.f16", dtype=np.float16, mode="r",
+                    shape=(info["rows"], info["tokens_per_image"], info["dim"]))
+    enc = build_encoder("efficientnet-lite0")
+    t0 = time.perf_counter()
+    with IndexWriter(path, enc.config, enc.weights_info) as w:
+        ids = w.allocate_ids(n_db)
+        for start in range(0, n_db, 10_000):
+            part = ids[start : start + 10_000]
+            recs = [ImageRecord(int(i), f"fmnist/{i}.png", "0" * 64, 28, 28, 1, 0.0) for i in part]
+            w.put(recs, np.asarray(raw[start : start + len(part)], dtype=np.float32))
+        m = w.commit()
+    print("built:", json.dumps({"index": str(path), "images": n_db, "spec": m.faiss.spec,
+                                "build_s": time.perf_counter() - t0}), flush=True)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_level(url: str, payloads: list[bytes], clients: int, total: int) -> dict:
+    """``total`` requests from ``clients`` threads; per-request latency and overall throughput."""
+    import httpx
+
+    lat: list[float] = []
+    server: list[dict] = []
+    errors = []
+    lock = threading.Lock()
+    per = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=300) as client:
+            for j in range(per[i]):
+                data = payloads[(i * 7 + j) % len(payloads)]
+                t0 = time.perf_counter()
+                r = client.post(url, files={"file": ("q.jpg", data, "image/jpeg")}, params={"k": 10})
+                dt = time.perf_counter() - t0
+                with lock:
+                    if r.status_code != 200:
+                        errors.append(r.status_code)
+                    else:
+                        lat.append(dt)
+                        server.append(r.json()["timings_ms"])
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    means = {f"server_{k}_ms": float(np.mean([s[k] for s in server])) for k in server[0]} if server else {}
+    return {"clients": clients, "requests": len(lat), "errors": len(errors), "throughput_qps": len(lat) / wall,
+            **latency_stats(lat), **means}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n-db", type=int, default=20_000)
+    p.add_argument("--clients", default="1,8,32")
+    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    p.add_argument("--torch-threads", type=int, default=None)
+    args = p.parse_args()
+
+    import httpx
+
+    from bench.indexing import JPEG_DIR, make_photos
+
+    print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads})
+    index = build_serving_index(args.n_db)
+    make_photos(64)
+    payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
+    port = free_port()
+    env = dict(os.environ)
+    if args.torch_threads:
+        env["REGIS_TORCH_THREADS"] = str(args.torch_threads)
+    cmd = [sys.executable, "-m", "regis", "serve", "--index", str(index), "--port", str(port), "--log-level", "warning"]
+    server = subprocess.Popen(cmd, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit("the server did not come up")
+            time.sleep(0.5)
+        url = base + "/v1/search"
+        run_level(url, payloads, 1, 4)  # warm-up
+        rows = []
+        for c in [int(x) for x in args.clients.split(",")]:
+            row = run_level(url, payloads, c, max(args.requests, c))
+            rows.append(row)
+            print("row:", json.dumps(row), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    print("\n| clients | requests | p50 ms | p99 ms | throughput req/s | server decode ms | server encode ms | "
+          "server candidates ms | server rerank ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['clients']} | {r['requests']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
+              f"{r['throughput_qps']:.1f} | "
+              f"{r.get('server_decode_ms', 0):.1f} | {r.get('server_encode_ms', 0):.1f} | "
+              f"{r.get('server_candidates_ms', 0):.1f} | {r.get('server_rerank_ms', 0):.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Compressed token store: FAISS quantiser codes of every stored token, used for the rerank.
+
+The float16 segments stay the source of truth (exact mode, FAISS rebuilds); a version built with a compressed
+token store also holds
+
+    versions/v000003/codec.faiss   the trained FAISS codec (a standalone-codec index, ``sa_encode``/``sa_decode``)
+    versions/v000003/codes.npy     uint8 (next_id, T, code_size): the codes of image id i in row i (zeros if dead)
+
+and the ANN search reranks its candidates with MaxSim over the decoded tokens (``Searcher``), so a query
+touches ``T * code_size`` bytes per candidate instead of ``T * D * 2``.
+
+Specs are FAISS ``index_factory`` strings of standalone codecs, e.g. ``PQ96`` (product quantiser, 96 sub-vectors
+of 8 bits: 96 bytes per token), ``RR384,PQ96`` (after a random rotation that spreads the variance evenly over
+the sub-vectors), ``OPQ96,PQ96`` (a learned rotation), ``IVF256,PQ96`` (PQ of the residual to the nearest of
+256 centroids; the code holds the centroid number too), ``SQ8`` / ``SQ4`` (scalar). ``float16`` means no codes
+(the segments are read). Source: FAISS wiki, "Vector codecs"
+(standalone codec API ``sa_encode`` / ``sa_decode`` / ``sa_code_size``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import ConfigError, IndexFormatError
+
+FLOAT16 = "float16"
+CODEC_FILE = "codec.faiss"
+CODES_FILE = "codes.npy"
+TRAIN_IMAGES = 25_000  # images sampled to train a codec (x T token vectors)
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def new_codec(spec: str, dim: int):
+    """An untrained standalone codec for ``spec`` (an ``index_factory`` string) over ``dim``-d vectors.
+
+    Raises:
+        ConfigError: FAISS cannot parse ``spec``, or it is not a standalone codec (e.g. an IVF or HNSW index).
+    """
+    if spec == FLOAT16:
+        raise ConfigError("float16 is the uncompressed store: it has no codec")
+    faiss = _faiss()
+    try:
+        codec = faiss.index_factory(int(dim), spec, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise ConfigError(f"FAISS cannot build a token codec from spec {spec!r}") from exc
+    if "HNSW" in spec or "IDMap" in spec or "Refine" in spec:
+        raise ConfigError(f"token store spec {spec!r} is a search index, not a codec; use e.g. PQ96 or SQ8")
+    return codec
+
+
+PQ_ALIAS = "pq"  # the recommended compressed store: random rotation + PQ with D/4 bytes per token
+
+
+def resolve_spec(spec: str, dim: int) -> str:
+    """``pq`` -> ``RR{D},PQ{D/4}`` (96 bytes per 384-d token: 960 bytes per 10-token image; BENCHMARKS.md:
+    recall@10 0.995 vs 0.997 for float16 at 100k images); any other spec is returned as given.
+
+    Raises:
+        ConfigError: ``pq`` with D not a multiple of 4.
+    """
+    if spec != PQ_ALIAS:
+        return spec
+    if dim % 4:
+        raise ConfigError(f"token store 'pq' needs a width divisible by 4, got D = {dim}")
+    return f"RR{dim},PQ{dim // 4}"
+
+
+def check_spec(spec: str, dim: int) -> str:
+    """Validate a token store spec (``float16``, ``pq`` or a codec spec); returns it resolved (``resolve_spec``).
+
+    Raises:
+        ConfigError: as ``new_codec``.
+    """
+    spec = resolve_spec(spec, dim)
+    if spec != FLOAT16:
+        new_codec(spec, dim)
+    return spec
+
+
+PQ_NITER = 10  # k-means iterations per PQ sub-quantiser (FAISS's default is 25)
+PQ_MAX_POINTS_PER_CENTROID = 64  # k-means sample per sub-quantiser: 64 x 256 = 16,384 vectors (FAISS: 256 x 256)
+
+
+def _set_pq_training(codec, niter: int, max_points_per_centroid: int) -> None:
+    """Cheaper k-means for the product quantiser inside ``codec`` (FAISS's defaults take minutes for PQ96 on
+    two CPU cores: 96 sub-quantisers x 25 iterations x 65,536 points)."""
+    faiss = _faiss()
+    inner = faiss.downcast_index(codec.index) if isinstance(codec, faiss.IndexPreTransform) else codec
+    pq = getattr(faiss.downcast_index(inner), "pq", None)
+    if pq is not None:
+        pq.cp.niter = int(niter)
+        pq.cp.max_points_per_centroid = int(max_points_per_centroid)
+
+
+def train_codec(spec: str, vectors: np.ndarray, niter: int = PQ_NITER,
+                max_points_per_centroid: int = PQ_MAX_POINTS_PER_CENTROID):
+    """Train a codec on ``vectors`` (n, D) float32 token vectors.
+
+    Args:
+        spec: codec spec (see module docstring).
+        vectors: (n, D) float32 training vectors.
+        niter, max_points_per_centroid: k-means settings of a product quantiser's sub-quantisers.
+
+    Raises:
+        ConfigError: too few vectors for the codec (a PQ with 8-bit codes needs >= 256 vectors, and wants
+            >= 256 x 39).
+    """
+    codec = new_codec(spec, vectors.shape[1])
+    _set_pq_training(codec, niter, max_points_per_centroid)
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if not codec.is_trained:
+        try:
+            codec.train(vectors)
+        except RuntimeError as exc:
+            raise ConfigError(f"cannot train token codec {spec!r} on {len(vectors)} vectors: {exc}") from exc
+    return codec
+
+
+def code_size(codec) -> int:
+    """Bytes per token vector."""
+    return int(codec.sa_code_size())
+
+
+def encode(codec, tokens: np.ndarray) -> np.ndarray:
+    """(n, T, D) float tokens -> (n, T, code_size) uint8 codes."""
+    n, t, d = tokens.shape
+    if n == 0:
+        return np.zeros((0, t, code_size(codec)), np.uint8)
+    flat = np.ascontiguousarray(tokens.reshape(n * t, d), dtype=np.float32)
+    return codec.sa_encode(flat).reshape(n, t, -1)
+
+
+def decode(codec, codes: np.ndarray) -> np.ndarray:
+    """(n, T, code_size) uint8 codes -> (n, T, D) float32 reconstructed tokens (not re-normalised)."""
+    n, t, c = codes.shape
+    if n == 0:
+        return np.zeros((0, t, codec.d), np.float32)
+    return codec.sa_decode(np.ascontiguousarray(codes.reshape(n * t, c))).reshape(n, t, -1)
+
+
+def write_codec(codec, path: Path) -> None:
+    """Write a trained codec."""
+    _faiss().write_index(codec, str(path))
+
+
+def read_codec(path: Path):
+    """Read a codec written by ``write_codec``.
+
+    Raises:
+        IndexFormatError: missing or unreadable.
+    """
+    if not Path(path).is_file():
+        raise IndexFormatError(f"token codec {path} is missing")
+    try:
+        return _faiss().read_index(str(path))
+    except RuntimeError as exc:
+        raise IndexFormatError(f"token codec {path} cannot be read by FAISS") from exc
+
+
+class CodeStore:
+    """Read access to the compressed tokens of one index version.
+
+    Args:
+        version_dir: the version directory holding ``codec.faiss`` and ``codes.npy``.
+        tokens_per_image, dim: T and D.
+
+    Raises:
+        IndexFormatError: a file is missing, or the codes do not match the codec, T or D.
+    """
+
+    def __init__(self, version_dir: Path, tokens_per_image: int, dim: int):
+        self.codec = read_codec(Path(version_dir) / CODEC_FILE)
+        try:
+            self.codes = np.load(Path(version_dir) / CODES_FILE, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{Path(version_dir) / CODES_FILE} is missing or corrupt") from exc
+        cs = code_size(self.codec)
+        if self.codec.d != dim or self.codes.ndim != 3 or self.codes.shape[1:] != (tokens_per_image, cs):
+            raise IndexFormatError(
+                f"token codes {self.codes.shape} do not fit T = {tokens_per_image}, D = {dim}, code size {cs}"
+            )
+        self.tokens_per_image = tokens_per_image
+        self.dim = dim
+        self.code_size = cs
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """Decoded tokens of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, D) float32."""
+        ids = np.asarray(ids, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")  # sequential reads from the memory map
+        codes = np.empty((len(ids), self.tokens_per_image, self.code_size), np.uint8)
+        codes[order] = self.codes[ids[order]]
+        return decode(self.codec, codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the codes array (next_id x T x code_size)."""
+        return int(self.codes.nbytes)
