@@ -25,28 +25,49 @@ ImageSize = Annotated[int | None, typer.Option("--image-size", help="Input side 
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (cuda if available), cpu, cuda, cuda:1 ...")]
 Workers = Annotated[int, typer.Option("--num-workers", help="DataLoader worker processes.")]
 
+# Options shared by the training recipes.
+RunDir = Annotated[Path, typer.Option("--out", help="Run directory (created; or the run to --resume).")]
+TrainData = Annotated[Path | None, typer.Option("--data", help="Dataset folder (see regis eval --help).")]
+InitSeed = Annotated[int, typer.Option("--init-seed", help="Seed of --random-init.")]
+TrainRoiSize = Annotated[int, typer.Option("--roi-size", "-N", help="ROI window side N (odd).")]
+Border = Annotated[str, typer.Option("--border", help="ROI window at the grid border: clip or shift.")]
+AccumSteps = Annotated[int, typer.Option("--accum-steps", help="Micro-batches per step.")]
+BackboneLR = Annotated[float, typer.Option("--lr", help="Backbone learning rate.")]
+WeightDecay = Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay.")]
+WarmupSteps = Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")]
+MinLrRatio = Annotated[float, typer.Option("--min-lr-ratio", help="Cosine floor, x lr.")]
+EvalEvery = Annotated[int, typer.Option("--eval-every", help="Test every N steps (0: before/after only).")]
+EvalMaxImages = Annotated[int, typer.Option("--eval-max-images", help="Test-subset size (0: all).")]
+LogEvery = Annotated[int, typer.Option("--log-every", help="Steps per metrics.jsonl line.")]
+CheckpointEvery = Annotated[int, typer.Option("--checkpoint-every", help="Steps per checkpoint.")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")]
+Precision = Annotated[str, typer.Option("--precision", help="auto (bf16 on CUDA), fp32 or bf16.")]
+StopAtStep = Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")]
+Quiet = Annotated[bool, typer.Option("--quiet", help="No progress bars.")]
+TrainBatchnorm = Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
+                          "while training (default: frozen at their pretrained values).")]
+
 # Options that may accompany --resume (they change how the run executes, not what it computes).
 RUNTIME_PARAMS = {"out", "resume", "device", "num_workers", "precision", "stop_at_step", "quiet"}
 
 
 def triplet(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option("--out", help="Run directory (created; or the run to --resume).")],
-    data: Annotated[Path | None, typer.Option("--data", help="Dataset folder (see regis eval --help).")] = None,
+    out: RunDir,
+    data: TrainData = None,
     data_format: Format = "auto",
     train_classes: TrainClasses = None,
     skip_count_check: SkipCountCheck = False,
     backbone: Backbone = None,
     weights: Weights = None,
     random_init: RandomInit = False,
-    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --random-init.")] = 0,
+    init_seed: InitSeed = 0,
     token_set: Annotated[str, typer.Option("--token-set", help="cls, cls+reg or cls+reg+roi.")] = "cls+reg+roi",
-    roi_size: Annotated[int, typer.Option("--roi-size", "-N", help="ROI window side N (odd).")] = 3,
-    border: Annotated[str, typer.Option("--border", help="ROI window at the grid border: clip or shift.")] = "clip",
+    roi_size: TrainRoiSize = 3,
+    border: Border = "clip",
     cue_method: CueMethod = None,
     image_size: ImageSize = None,
-    train_batchnorm: Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
-                               "while training (default: frozen at their pretrained values).")] = False,
+    train_batchnorm: TrainBatchnorm = False,
     sampler: Annotated[str, typer.Option("--sampler", help="random (random triplets) or pk (P x K batches + "
                                          "--miner).")] = "random",
     miner: Annotated[str, typer.Option("--miner", help="batch-hard or semi-hard (pk sampler).")] = "batch-hard",
@@ -56,24 +77,24 @@ def triplet(
     margin: Annotated[float, typer.Option("--margin", help="alpha, on the summed MaxSim score.")] = 0.2,
     reducer: Annotated[str, typer.Option("--reducer", help="mean or mean-nonzero.")] = "mean",
     steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 1000,
-    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per step.")] = 1,
-    lr: Annotated[float, typer.Option("--lr", help="Backbone learning rate.")] = 2e-5,
+    accum_steps: AccumSteps = 1,
+    lr: BackboneLR = 2e-5,
     head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate outside the backbone.")] = 1e-3,
-    weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay.")] = 1e-2,
-    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 100,
-    min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Cosine floor, x lr.")] = 0.0,
+    weight_decay: WeightDecay = 1e-2,
+    warmup_steps: WarmupSteps = 100,
+    min_lr_ratio: MinLrRatio = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Sampler and augmentation seed.")] = 0,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="Test every N steps (0: before/after only).")] = 0,
-    eval_max_images: Annotated[int, typer.Option("--eval-max-images", help="Test-subset size (0: all).")] = 2000,
+    eval_every: EvalEvery = 0,
+    eval_max_images: EvalMaxImages = 2000,
     eval_batch_size: Annotated[int, typer.Option("--eval-batch-size")] = 64,
-    log_every: Annotated[int, typer.Option("--log-every", help="Steps per metrics.jsonl line.")] = 10,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps per checkpoint.")] = 500,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
+    log_every: LogEvery = 10,
+    checkpoint_every: CheckpointEvery = 500,
+    resume: Resume = False,
     device: DeviceOpt = "auto",
     num_workers: Workers = 2,
-    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on CUDA), fp32 or bf16.")] = "auto",
-    stop_at_step: Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    precision: Precision = "auto",
+    stop_at_step: StopAtStep = None,
+    quiet: Quiet = False,
 ) -> None:
     """Fine-tune an encoder with the multi-vector triplet loss on MaxSim scores (METHODS.md section 1)."""
     from regis.errors import ConfigError
@@ -124,24 +145,23 @@ def _refuse_config_options(ctx: typer.Context) -> None:
 
 def dmcac(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option("--out", help="Run directory (created; or the run to --resume).")],
-    data: Annotated[Path | None, typer.Option("--data", help="Dataset folder (see regis eval --help).")] = None,
+    out: RunDir,
+    data: TrainData = None,
     data_format: Format = "auto",
     train_classes: TrainClasses = None,
     skip_count_check: SkipCountCheck = False,
     backbone: Backbone = None,
     weights: Weights = None,
     random_init: RandomInit = False,
-    init_seed: Annotated[int, typer.Option("--init-seed", help="Seed of --random-init.")] = 0,
+    init_seed: InitSeed = 0,
     token_set: Annotated[str, typer.Option("--token-set", help="Tokens the exported encoder gives: cls, cls+reg "
                                            "or cls+reg+roi (DMCAC trains token 0, or all with --similarity "
                                            "maxsim).")] = "cls+reg+roi",
-    roi_size: Annotated[int, typer.Option("--roi-size", "-N", help="ROI window side N (odd).")] = 3,
-    border: Annotated[str, typer.Option("--border", help="ROI window at the grid border: clip or shift.")] = "clip",
+    roi_size: TrainRoiSize = 3,
+    border: Border = "clip",
     cue_method: CueMethod = None,
     image_size: ImageSize = None,
-    train_batchnorm: Annotated[bool, typer.Option("--train-batchnorm", help="Update BatchNorm running statistics "
-                               "while training (default: frozen at their pretrained values).")] = False,
+    train_batchnorm: TrainBatchnorm = False,
     split: Annotated[str, typer.Option("--split", help="stratified (half of each class queries, half database) or "
                                        "overlap (both = all; a query is never its own neighbour).")] = "stratified",
     max_train_per_class: Annotated[int | None, typer.Option("--max-train-per-class", help="Seeded subset of the "
@@ -161,25 +181,25 @@ def dmcac(
                                             "over all tokens).")] = "cls",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Queries per micro-batch (x A images).")] = 32,
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training queries.")] = 20,
-    accum_steps: Annotated[int, typer.Option("--accum-steps", help="Micro-batches per step.")] = 1,
-    lr: Annotated[float, typer.Option("--lr", help="Backbone learning rate.")] = 2e-5,
+    accum_steps: AccumSteps = 1,
+    lr: BackboneLR = 2e-5,
     head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate of the CAC and CE heads.")] = 1e-3,
-    weight_decay: Annotated[float, typer.Option("--weight-decay", help="AdamW weight decay.")] = 1e-2,
-    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warm-up steps.")] = 100,
-    min_lr_ratio: Annotated[float, typer.Option("--min-lr-ratio", help="Cosine floor, x lr.")] = 0.0,
+    weight_decay: WeightDecay = 1e-2,
+    warmup_steps: WarmupSteps = 100,
+    min_lr_ratio: MinLrRatio = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Split, sampler and augmentation seed.")] = 0,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="Test every N steps (0: before/after only).")] = 0,
-    eval_max_images: Annotated[int, typer.Option("--eval-max-images", help="Test-subset size (0: all).")] = 2000,
+    eval_every: EvalEvery = 0,
+    eval_max_images: EvalMaxImages = 2000,
     eval_batch_size: Annotated[int, typer.Option("--eval-batch-size", help="Images per forward pass when "
                                                  "embedding the test split and the database.")] = 64,
-    log_every: Annotated[int, typer.Option("--log-every", help="Steps per metrics.jsonl line.")] = 10,
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps per checkpoint.")] = 500,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
+    log_every: LogEvery = 10,
+    checkpoint_every: CheckpointEvery = 500,
+    resume: Resume = False,
     device: DeviceOpt = "auto",
     num_workers: Workers = 2,
-    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on CUDA), fp32 or bf16.")] = "auto",
-    stop_at_step: Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    precision: Precision = "auto",
+    stop_at_step: StopAtStep = None,
+    quiet: Quiet = False,
 ) -> None:
     """Fine-tune an encoder with DMCAC: retrieval against a cached training database inside the loop, L_frob +
     L_ce + L_cac (METHODS.md section 2). The exported encoder.safetensors holds the encoder only."""
@@ -275,7 +295,7 @@ def evaluate(
     num_workers: Workers = 2,
     device: DeviceOpt = "auto",
     out: Annotated[Path | None, typer.Option("--out", help="Write the JSON report here.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Retrieval evaluation: Recall@K, mAP@R and R-precision, single-vector (token 0, cosine) and multi-vector
     (MaxSim), on the class-disjoint test split (METHODS.md section 3)."""
