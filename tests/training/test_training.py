@@ -20,13 +20,7 @@ from training.errors import CheckpointError
 QUIET = Runtime(device="cpu", num_workers=0, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small models on a shared 2-core machine run far faster (and steadier) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 from synthetic_data import write_stripes_folder
 from typer.testing import CliRunner
 
@@ -14,12 +13,7 @@ TINY = ["--backbone", "vit-tiny-reg4-test", "--random-init", "--sampler", "pk", 
         "--num-workers", "0", "--device", "cpu", "--quiet", "--eval-batch-size", "32"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_train_resume_and_eval(tmp_path):
