@@ -94,15 +94,7 @@ class ImageTable:
 
     def get_many(self, ids: Iterable[int]) -> dict[int, ImageRecord]:
         """Records of the given ids that exist, keyed by id."""
-        ids = [int(i) for i in ids]
-        out: dict[int, ImageRecord] = {}
-        for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
-            part = ids[start : start + 900]
-            marks = ",".join("?" * len(part))
-            for row in self._query(f"SELECT {_COLUMNS} FROM images WHERE id IN ({marks})", part):
-                rec = ImageRecord.from_row(row)
-                out[rec.id] = rec
-        return out
+        return {rec.id: rec for rec in self._select_in("id", [int(i) for i in ids])}
 
     def by_path(self) -> dict[str, ImageRecord]:
         """Every record keyed by its relative path (what an incremental build compares against)."""
@@ -110,15 +102,15 @@ class ImageTable:
 
     def get_by_paths(self, paths: Iterable[str]) -> dict[str, ImageRecord]:
         """Records of the given relative paths that exist, keyed by path."""
-        paths = list(paths)
-        out: dict[str, ImageRecord] = {}
-        for start in range(0, len(paths), 900):  # SQLite's bound-parameter limit
-            part = paths[start : start + 900]
+        return {rec.path: rec for rec in self._select_in("path", list(paths))}
+
+    def _select_in(self, column: str, values: list) -> Iterator[ImageRecord]:
+        """Rows whose ``column`` ("id" or "path") is one of ``values``, in batches under SQLite's parameter limit."""
+        for start in range(0, len(values), 900):
+            part = values[start : start + 900]
             marks = ",".join("?" * len(part))
-            for row in self._query(f"SELECT {_COLUMNS} FROM images WHERE path IN ({marks})", part):
-                rec = ImageRecord.from_row(row)
-                out[rec.path] = rec
-        return out
+            for row in self._query(f"SELECT {_COLUMNS} FROM images WHERE {column} IN ({marks})", part):
+                yield ImageRecord.from_row(row)
 
     def iter_all(self, limit: int | None = None, offset: int = 0) -> Iterator[ImageRecord]:
         """Records in id order."""
