@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from experiment_runs import pct, sh, write_results
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 CLASSES = 5  # Fashion-MNIST training classes
@@ -142,16 +142,6 @@ def plan(profile_name: str, only: list[str] | None) -> list[dict]:
     return runs
 
 
-def sh(cmd: list[str], env: dict, dry_run: bool) -> float:
-    line = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + shlex.join(cmd)
-    print(f"$ {line}", flush=True)
-    if dry_run:
-        return 0.0
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env={**os.environ, **env})
-    return time.perf_counter() - t0
-
-
 def gather(run_dir: Path) -> dict:
     """The figures of one finished run."""
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -218,17 +208,11 @@ def main() -> None:
     results["total_wall_seconds"] = round(time.perf_counter() - t_start, 1)
     if opts.dry_run:
         return
-    (opts.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (opts.out / "results.md").write_text(markdown(results))
-    print(markdown(results))
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
+    write_results(opts.out, results, markdown)
 
 
 def _metrics(m: dict) -> str:
-    return " | ".join(_pct(m[f"recall@{k}"]) for k in (1, 2, 4, 8)) + f" | {_pct(m['map@r'])}"
+    return " | ".join(pct(m[f"recall@{k}"]) for k in (1, 2, 4, 8)) + f" | {pct(m['map@r'])}"
 
 
 def markdown(results: dict) -> str:

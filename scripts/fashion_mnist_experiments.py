@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from experiment_runs import pct, sh, write_results
 
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 # (token set, N, sampler): the main run is cls+reg+roi, N = 3, random triplets (METHODS.md section 1).
@@ -97,16 +97,6 @@ def plan(profile: str, only_main: bool) -> list[dict]:
     return runs
 
 
-def sh(cmd: list[str], env: dict, dry_run: bool) -> float:
-    line = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + shlex.join(cmd)
-    print(f"$ {line}", flush=True)
-    if dry_run:
-        return 0.0
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env={**os.environ, **env})
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", choices=sorted(PROFILES), required=True)
@@ -150,13 +140,7 @@ def main() -> None:
     results["total_wall_seconds"] = round(time.perf_counter() - t_start, 1)
     if opts.dry_run:
         return
-    (opts.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (opts.out / "results.md").write_text(markdown(results))
-    print(markdown(results))
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
+    write_results(opts.out, results, markdown)
 
 
 def markdown(results: dict) -> str:
@@ -173,8 +157,8 @@ def markdown(results: dict) -> str:
             for scoring in ("single", "multi"):
                 m = ev[scoring]
                 lines.append(f"| {r['backbone']} | {when[5:]} (step {ev['step']}, {ev['num_queries']} queries) | "
-                             f"{scoring} | " + " | ".join(_pct(m[f"recall@{k}"]) for k in (1, 2, 4, 8))
-                             + f" | {_pct(m['map@r'])} | {_pct(m['r_precision'])} |")
+                             f"{scoring} | " + " | ".join(pct(m[f"recall@{k}"]) for k in (1, 2, 4, 8))
+                             + f" | {pct(m['map@r'])} | {pct(m['r_precision'])} |")
     lines += ["", "| run | token set | N | sampler | tokens | multi R@1 before | after | mAP@R before | after | "
               "last loss | pos / neg score | train images/s (median interval) | train s |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -185,7 +169,7 @@ def markdown(results: dict) -> str:
         sess = s["this_session"]
         last = r.get("last_train", {})
         lines.append(f"| {r['backbone']} | {r['token_set']} | {r['roi_size']} | {r['sampler']} | {tokens} | "
-                     f"{_pct(b['recall@1'])} | {_pct(a['recall@1'])} | {_pct(b['map@r'])} | {_pct(a['map@r'])} | "
+                     f"{pct(b['recall@1'])} | {pct(a['recall@1'])} | {pct(b['map@r'])} | {pct(a['map@r'])} | "
                      f"{last.get('loss', 0):.3f} | {last.get('pos_score', 0):.2f} / {last.get('neg_score', 0):.2f} | "
                      f"{sess['steady_images_per_s']} | {sess['train_seconds']} |")
     return "\n".join(lines) + "\n"
