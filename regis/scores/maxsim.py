@@ -18,6 +18,16 @@ def _check_tokens(name: str, x: torch.Tensor, ndim: int) -> None:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
 
 
+def _check_chunked(name: str, queries: torch.Tensor, ndim: int, docs: torch.Tensor, chunk_size: int) -> None:
+    """Shapes of the all-pairs scorers: queries with ``ndim`` dims, 3-D docs of the same width, chunk_size >= 1."""
+    _check_tokens(name, queries, ndim)
+    _check_tokens("docs", docs, 3)
+    if queries.shape[-1] != docs.shape[-1]:
+        raise ValueError(f"token widths differ: {name} {queries.shape[-1]}, docs {docs.shape[-1]}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
 def maxsim_paired(
     queries: torch.Tensor,
     docs: torch.Tensor,
@@ -78,12 +88,7 @@ def maxsim_scores(
         queries = queries[None]
         if query_mask is not None and query_mask.ndim == 1:
             query_mask = query_mask[None]
-    _check_tokens("queries", queries, 3)
-    _check_tokens("docs", docs, 3)
-    if queries.shape[-1] != docs.shape[-1]:
-        raise ValueError(f"token widths differ: queries {queries.shape[-1]}, docs {docs.shape[-1]}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    _check_chunked("queries", queries, 3, docs, chunk_size)
     out = []
     for start in range(0, docs.shape[0], chunk_size):
         chunk = docs[start : start + chunk_size].to(device=queries.device, dtype=queries.dtype)
@@ -118,12 +123,7 @@ def maxsim_gemm(query: torch.Tensor, docs: torch.Tensor, chunk_size: int = 8192)
     Raises:
         ValueError: wrong number of dimensions, mismatched widths, or chunk_size < 1.
     """
-    _check_tokens("query", query, 2)
-    _check_tokens("docs", docs, 3)
-    if query.shape[-1] != docs.shape[-1]:
-        raise ValueError(f"token widths differ: query {query.shape[-1]}, docs {docs.shape[-1]}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    _check_chunked("query", query, 2, docs, chunk_size)
     n_docs, n, d = docs.shape
     qt = query.T.contiguous()
     out = []
