@@ -62,3 +62,43 @@ def lite0_index(tmp_path_factory, photos_dir, lite0_encoder) -> Path:
     index = tmp_path_factory.mktemp("lite0-index")
     build(photos_dir, index, lite0_encoder)
     return index
+
+
+CHROMIUM = os.environ.get("REGIS_CHROMIUM", "/usr/bin/chromium")
+# Flags for headless Chromium on a machine without a display or outside network (no sandbox as root; no
+# background connections, which a closed network refuses many at a time).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Debian Chromium driven by Playwright (sync API), for the browser tests.
+
+    Skips, saying why, when Chromium or Playwright is missing outside CI; in CI (``CI`` set) a missing browser
+    is an error, since ``.ci/run`` installs it.
+    """
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing in CI: .ci/run should have installed Debian's chromium")
+        pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("browser tests need the playwright package (pip install -e '.[dev]')")
+    with sync_playwright() as pw:
+        instance = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield instance
+        finally:
+            instance.close()
