@@ -1,12 +1,17 @@
-"""Service benchmark: end-to-end query-by-image latency over HTTP under 1, 8 and 32 concurrent clients.
+"""Service benchmark: end-to-end query-by-image latency over HTTP under 1, 8, 32 (and 128) concurrent clients,
+without and with dynamic batching, side by side in one run.
 
 1. Serving index: the EfficientNet-Lite0 tokens (1280-d, the real encoder's width; ``bench.corpus``) of the
    first ``--n-db`` corpus database images, written with ``IndexWriter`` under the real Lite0 encoder config
    and weights checksum, so ``regis serve`` rebuilds and checks the encoder as for any index. FAISS spec:
    regis's automatic choice for that size. (The corpus tokens come from 96 px inputs, the queries are encoded
-   at 224 px by the service: the scores are not meaningful, the work per query is.)
+   at 224 px by the service: the scores are not meaningful, the work per query is.) Without the corpus
+   (``--tokens synthetic``, or when ``$REGIS_BENCH_DATA/corpus`` is missing): clustered random unit tokens of
+   the same shape (seeded), same writer, same encoder record.
 2. ``python -m regis serve --index ... --port ...`` in a subprocess on 127.0.0.1, env ``REGIS_TORCH_THREADS``
-   from ``--torch-threads``.
+   from ``--torch-threads``; one server per ``--modes`` entry: ``unbatched`` (``REGIS_BATCH_MAX_SIZE=1``, each
+   request encoded alone, as before dynamic batching) and ``batched`` (the settings' defaults, or
+   ``--batch-max-size`` / ``--batch-max-wait-ms``).
 3. Clients: ``c`` threads with one ``httpx.Client`` each, POST /v1/search with a 640 px JPEG from
    ``bench.indexing``'s photo set, ``--requests`` requests in all per level (bounded); latency per request
    (upload -> JSON parsed), throughput = requests / wall time. The server's own timings (decode, encode,
@@ -14,7 +19,7 @@
 
 Usage::
 
-    python -m bench.service --clients 1,8,32 --requests 64
+    python -m bench.service --clients 1,8,32,128 --requests 64 --modes unbatched,batched
 """
 
 from __future__ import annotations
@@ -55,6 +60,37 @@ def build_serving_index(n_db: int):
             w.put(recs, np.asarray(raw[start : start + len(part)], dtype=np.float32))
         m = w.commit()
     print("built:", json.dumps({"index": str(path), "images": n_db, "spec": m.faiss.spec,
+                                "build_s": time.perf_counter() - t0}), flush=True)
+    return path
+
+
+def build_synthetic_index(n_db: int, seed: int = 0):
+    """An index of ``n_db`` images of clustered random unit tokens, (10, 1280) each, under the Lite0 encoder
+    record (cached): the same shapes and search work as the corpus index, without the corpus."""
+    from regis.indexes.table import ImageRecord
+    from regis.indexes.writer import IndexWriter
+    from regis.models.encoder import build_encoder
+
+    path = DATA_DIR / "idx" / f"serve-synth-lite0-{n_db}"
+    if (path / "CURRENT").exists():
+        return path
+    enc = build_encoder("efficientnet-lite0")
+    t_per, dim = enc.config.tokens_per_image, enc.config.dim
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((max(16, n_db // 10), dim)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    t0 = time.perf_counter()
+    with IndexWriter(path, enc.config, enc.weights_info) as w:
+        ids = w.allocate_ids(n_db)
+        for start in range(0, n_db, 2_000):
+            part = ids[start : start + 2_000]
+            tokens = centres[rng.integers(0, len(centres), (len(part), t_per))]
+            tokens = tokens + 0.05 * rng.standard_normal(tokens.shape).astype(np.float32)
+            tokens /= np.linalg.norm(tokens, axis=2, keepdims=True)
+            recs = [ImageRecord(int(i), f"synth/{i}.png", "0" * 64, 28, 28, 1, 0.0) for i in part]
+            w.put(recs, tokens)
+        m = w.commit()
+    print("built:", json.dumps({"index": str(path), "images": n_db, "tokens": "synthetic", "spec": m.faiss.spec,
                                 "build_s": time.perf_counter() - t0}), flush=True)
     return path
 
@@ -101,56 +137,85 @@ def run_level(url: str, payloads: list[bytes], clients: int, total: int) -> dict
             **latency_stats(lat), **means}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n-db", type=int, default=20_000)
-    p.add_argument("--clients", default="1,8,32")
-    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
-    p.add_argument("--torch-threads", type=int, default=None)
-    args = p.parse_args()
-
+def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
+    """``regis serve`` on a free loopback port; returns the process and its base URL once /healthz answers."""
     import httpx
 
-    from bench.indexing import JPEG_DIR, make_photos
-
-    print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads})
-    index = build_serving_index(args.n_db)
-    make_photos(64)
-    payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     port = free_port()
+    cmd = [sys.executable, "-m", "regis", "serve", "--index", str(index), "--port", str(port), "--log-level", "warning"]
+    server = subprocess.Popen(cmd, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(base + "/healthz", timeout=2).status_code == 200:
+                return server, base
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.terminate()
+            raise SystemExit("the server did not come up")
+        time.sleep(0.5)
+
+
+def mode_env(mode: str, args) -> dict:
+    """The server's environment for a mode: ``unbatched`` or ``batched``."""
     env = dict(os.environ)
     if args.torch_threads:
         env["REGIS_TORCH_THREADS"] = str(args.torch_threads)
-    cmd = [sys.executable, "-m", "regis", "serve", "--index", str(index), "--port", str(port), "--log-level", "warning"]
-    server = subprocess.Popen(cmd, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(base + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not come up")
-            time.sleep(0.5)
-        url = base + "/v1/search"
-        run_level(url, payloads, 1, 4)  # warm-up
-        rows = []
-        for c in [int(x) for x in args.clients.split(",")]:
-            row = run_level(url, payloads, c, max(args.requests, c))
-            rows.append(row)
-            print("row:", json.dumps(row), flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    print("\n| clients | requests | p50 ms | p99 ms | throughput req/s | server decode ms | server encode ms | "
-          "server candidates ms | server rerank ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    if mode == "unbatched":
+        env["REGIS_BATCH_MAX_SIZE"] = "1"
+    elif mode == "batched":
+        if args.batch_max_size:
+            env["REGIS_BATCH_MAX_SIZE"] = str(args.batch_max_size)
+        if args.batch_max_wait_ms is not None:
+            env["REGIS_BATCH_MAX_WAIT_MS"] = str(args.batch_max_wait_ms)
+    else:
+        raise SystemExit(f"unknown mode {mode!r} (unbatched, batched)")
+    return env
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n-db", type=int, default=20_000)
+    p.add_argument("--tokens", choices=["auto", "corpus", "synthetic"], default="auto",
+                   help="serving index tokens: the Lite0 corpus, or synthetic (auto: corpus when present)")
+    p.add_argument("--clients", default="1,8,32")
+    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (at least one per client)")
+    p.add_argument("--torch-threads", type=int, default=None)
+    p.add_argument("--modes", default="unbatched,batched", help="comma-separated: unbatched, batched")
+    p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
+    p.add_argument("--batch-max-wait-ms", type=float, default=None, help="batched mode: REGIS_BATCH_MAX_WAIT_MS")
+    args = p.parse_args()
+
+    from bench.indexing import JPEG_DIR, make_photos
+
+    print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads,
+                   "modes": args.modes, "batch_max_size": args.batch_max_size,
+                   "batch_max_wait_ms": args.batch_max_wait_ms})
+    synthetic = args.tokens == "synthetic" or (args.tokens == "auto" and not (CORPUS_DIR / "info.json").exists())
+    index = build_synthetic_index(args.n_db) if synthetic else build_serving_index(args.n_db)
+    make_photos(64)
+    payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
+    rows = []
+    for mode in args.modes.split(","):
+        server, base = start_server(index, mode_env(mode, args))
+        try:
+            url = base + "/v1/search"
+            run_level(url, payloads, 1, 4)  # warm-up
+            for c in [int(x) for x in args.clients.split(",")]:
+                row = {"mode": mode, **run_level(url, payloads, c, max(args.requests, c))}
+                rows.append(row)
+                print("row:", json.dumps(row), flush=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | server decode ms | "
+          "server encode ms | server candidates ms | server rerank ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['clients']} | {r['requests']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
-              f"{r['throughput_qps']:.1f} | "
+        print(f"| {r['mode']} | {r['clients']} | {r['requests']} | {r['errors']} | {r.get('p50_ms', 0):.0f} | "
+              f"{r.get('p99_ms', 0):.0f} | {r['throughput_qps']:.1f} | "
               f"{r.get('server_decode_ms', 0):.1f} | {r.get('server_encode_ms', 0):.1f} | "
               f"{r.get('server_candidates_ms', 0):.1f} | {r.get('server_rerank_ms', 0):.1f} |")
 

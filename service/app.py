@@ -55,10 +55,17 @@ def _start(app: FastAPI, settings: Settings) -> None:
 
         app.state.cache = QueryCache(redis_connection(settings.redis_url, timeout_s=1.0), names,
                                      ttl_s=settings.cache_ttl_s)
+    if settings.batch_max_size > 1:
+        from service.batched import BatchedSearch
+
+        app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms)
     app.state.watcher = IndexWatcher(live, settings.index_poll_s, settings.redis_url, names.index_updates).start()
 
 
 def _stop(app: FastAPI) -> None:
+    batched = getattr(app.state, "batched", None)
+    if batched is not None:
+        batched.close()
     for name in ("watcher", "jobs"):
         component = getattr(app.state, name, None)
         if component is not None:
@@ -83,7 +90,7 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.settings = settings
-        app.state.live = app.state.jobs = app.state.cache = app.state.watcher = None
+        app.state.live = app.state.jobs = app.state.cache = app.state.watcher = app.state.batched = None
         try:
             if load:
                 _start(app, settings)

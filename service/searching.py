@@ -12,8 +12,17 @@ from regis.jobs.cache import params_key
 from regis.retrieve.query import QueryEngine
 
 
+async def _search(request: Request, engine: QueryEngine, data: bytes, params: dict) -> dict:
+    """One search: through the dynamic batcher when the app has one (``service.batched``), else alone."""
+    batched = getattr(request.app.state, "batched", None)
+    if batched is not None and isinstance(engine, QueryEngine):
+        return await batched.search_bytes(engine, data, **params)
+    return await run_in_threadpool(engine.search_bytes, data, **params)
+
+
 async def run_search(request: Request, response: Response, engine: QueryEngine, data: bytes, **params) -> dict:
-    """``engine.search_bytes(data, **params)``, through the cache when there is one.
+    """``engine.search_bytes(data, **params)``, through the cache when there is one, and through the dynamic
+    batcher when batching is on (``REGIS_BATCH_MAX_SIZE`` > 1).
 
     A hit is keyed by the query bytes' SHA-256, the index version served now and ``params``; its stage
     timings read 0 and ``total`` is the lookup time (ms). The ``X-Regis-Cache`` header says hit or miss.
@@ -21,7 +30,7 @@ async def run_search(request: Request, response: Response, engine: QueryEngine, 
     metrics = request.app.state.metrics
     cache = getattr(request.app.state, "cache", None)
     if cache is None:
-        result = await run_in_threadpool(engine.search_bytes, data, **params)
+        result = await _search(request, engine, data, params)
         metrics.observe_search(result["timings_ms"])
         return result
     t0 = time.perf_counter()
@@ -36,7 +45,7 @@ async def run_search(request: Request, response: Response, engine: QueryEngine, 
         return hit
     metrics.cache.labels(result="error" if failed else "miss").inc()
     response.headers["X-Regis-Cache"] = "miss"
-    result = await run_in_threadpool(engine.search_bytes, data, **params)
+    result = await _search(request, engine, data, params)
     metrics.observe_search(result["timings_ms"])
     if not failed:
         await run_in_threadpool(cache.put, result["index_version"], sha, pkey, result)

@@ -44,6 +44,11 @@ class Settings(BaseSettings):
             (besides the worker's pub/sub notice).
         build_batch_size, build_workers: embedded jobs: images per forward pass, decoding processes.
         lock_timeout_s: how long a job waits for another writer of the index, seconds.
+
+    Dynamic batching (``service.batched``):
+        batch_max_size: concurrent requests encoded in one forward pass and searched in one batched search at
+            most (1: no batching, each request alone).
+        batch_max_wait_ms: how long a batch waits for more requests after its first one, ms.
     """
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
@@ -75,6 +80,9 @@ class Settings(BaseSettings):
     build_batch_size: int = Field(default=32, ge=1, le=4096)
     build_workers: int | None = Field(default=0, ge=0, le=64)
     lock_timeout_s: float = Field(default=300.0, ge=0)
+    # dynamic batching
+    batch_max_size: int = Field(default=16, ge=1, le=1024)
+    batch_max_wait_ms: float = Field(default=5.0, ge=0, le=10_000)
 
     @field_validator("max_k")
     @classmethod

@@ -82,6 +82,31 @@ class QueryEngine:
         self.searcher = Searcher(snapshot, device=self.device)
         return old
 
+    def decode_bytes(self, data: bytes) -> tuple[torch.Tensor, float]:
+        """Decode a query image and apply the encoder's eval transform.
+
+        Returns:
+            (3, H, W) float32 pixels and the decode + transform time (ms).
+
+        Raises:
+            ImageDecodeError: not a decodable image (see ``regis.images.decode``).
+        """
+        t0 = time.perf_counter()
+        decoded = decode_image(data, max_pixels=self.max_pixels, draft_size=self.encoder.config.resize_size)
+        pixels = self.transform(decoded.image)
+        return pixels, (time.perf_counter() - t0) * 1e3
+
+    def encode_pixels(self, pixels: torch.Tensor) -> np.ndarray:
+        """Encode a batch of transformed query images in one forward pass.
+
+        Args:
+            pixels: (B, 3, H, W) float32, as ``decode_bytes`` returns them stacked.
+
+        Returns:
+            (B, T, D) float32 unit-norm query tokens.
+        """
+        return self.encoder.encode(pixels).float().cpu().numpy()
+
     def encode_bytes(self, data: bytes) -> tuple[np.ndarray, dict[str, float]]:
         """Decode and encode a query image.
 
@@ -91,13 +116,11 @@ class QueryEngine:
         Raises:
             ImageDecodeError: not a decodable image (see ``regis.images.decode``).
         """
-        t0 = time.perf_counter()
-        decoded = decode_image(data, max_pixels=self.max_pixels, draft_size=self.encoder.config.resize_size)
-        pixels = self.transform(decoded.image)[None]
+        pixels, decode_ms = self.decode_bytes(data)
         t1 = time.perf_counter()
-        tokens = self.encoder.encode(pixels)[0].float().cpu().numpy()
+        tokens = self.encoder.encode(pixels[None])[0].float().cpu().numpy()
         t2 = time.perf_counter()
-        return tokens, {"decode": (t1 - t0) * 1e3, "encode": (t2 - t1) * 1e3}
+        return tokens, {"decode": decode_ms, "encode": (t2 - t1) * 1e3}
 
     def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
                       nprobe: int | None = None) -> dict:
@@ -107,6 +130,32 @@ class QueryEngine:
         """
         searcher = self.searcher  # one snapshot for the whole query, even if a swap happens meanwhile
         result = searcher.search(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        return self._result_json(searcher, result, k, depth, mode)
+
+    def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
+                            nprobe: int | None = None) -> list[dict]:
+        """``search_tokens`` of B queries with the same parameters; ANN mode goes through the batched search
+        path (``Searcher.search_batch``: one FAISS call for every query's tokens), exact mode query by query.
+
+        Args:
+            tokens: (B, T, D) float32 unit-norm query tokens.
+
+        Returns:
+            B JSON-ready results, as ``search_tokens`` (candidate and rerank timings are the batch's, divided
+            evenly).
+
+        Raises:
+            ConfigError: bad shapes or parameters.
+        """
+        searcher = self.searcher
+        if mode == "ann":
+            results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe)
+        else:
+            results = [searcher.search(q, k=k, depth=depth, mode=mode, nprobe=nprobe) for q in tokens]
+        return [self._result_json(searcher, r, k, depth, mode) for r in results]
+
+    @staticmethod
+    def _result_json(searcher: Searcher, result, k: int, depth: int | None, mode: Mode) -> dict:
         records = searcher.snapshot.table.get_many(result.ids.tolist())
         hits = []
         for rank, (image_id, score) in enumerate(zip(result.ids.tolist(), result.scores.tolist(), strict=True), 1):

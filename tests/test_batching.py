@@ -1,0 +1,123 @@
+"""Dynamic batching: the micro-batcher's batch formation, max wait and per-item errors, and the service's batched
+searches equal to unbatched ones on real photos."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from regis.errors import ConfigError
+from service.app import create_app
+from service.batching import MicroBatcher
+from service.settings import Settings
+
+
+def _double(items):
+    return [2 * x for x in items]
+
+
+def test_concurrent_items_form_batches_up_to_the_max_size():
+    batcher = MicroBatcher(_double, max_batch_size=4, max_wait_ms=50)
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+
+    assert asyncio.run(main()) == [2 * i for i in range(10)]
+    assert batcher.batch_sizes == [4, 4, 2]
+    batcher.close()
+
+
+def test_a_batch_waits_at_most_max_wait_for_more_items():
+    async def staggered(batcher):
+        first = asyncio.ensure_future(batcher.submit(1))
+        await asyncio.sleep(0.2)  # the second item arrives 200 ms after the first
+        return await asyncio.gather(first, batcher.submit(2))
+
+    quick = MicroBatcher(_double, max_batch_size=8, max_wait_ms=20)
+    assert asyncio.run(staggered(quick)) == [2, 4]
+    assert quick.batch_sizes == [1, 1]  # the first batch left before the second item came
+    patient = MicroBatcher(_double, max_batch_size=2, max_wait_ms=3000)
+    t0 = time.perf_counter()
+    assert asyncio.run(staggered(patient)) == [2, 4]
+    assert patient.batch_sizes == [2]  # waited for it ...
+    assert time.perf_counter() - t0 < 2.0  # ... and left when the batch was full, not at the 3 s deadline
+    quick.close()
+    patient.close()
+
+
+def test_errors_reach_only_their_own_caller():
+    calls = []
+
+    def fn(items):
+        calls.append(list(items))
+        if "boom" in items:  # the whole batch raises because of one item: each is retried alone
+            raise ValueError("bad item")
+        return [ValueError("odd") if x == "odd" else x.upper() for x in items]
+
+    batcher = MicroBatcher(fn, max_batch_size=8, max_wait_ms=50)
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit(x) for x in ["a", "boom", "odd", "b"]), return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert out[0] == "A" and out[3] == "B"
+    assert isinstance(out[1], ValueError) and str(out[1]) == "bad item"
+    assert isinstance(out[2], ValueError) and str(out[2]) == "odd"
+    assert calls[0] == ["a", "boom", "odd", "b"] and ["a"] in calls and ["boom"] in calls
+    batcher.close()
+
+
+def test_bad_batcher_settings_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        MicroBatcher(_double, max_batch_size=0)
+    with pytest.raises(ConfigError, match="max_wait_ms"):
+        MicroBatcher(_double, max_wait_ms=-1)
+    with pytest.raises(ValueError, match="batch_max_size"):
+        Settings(index_dir=tmp_path, batch_max_size=0)
+
+
+def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, one_thread):
+    """Five concurrent queries and a corrupt upload: the five are encoded in one forward pass and searched in one
+    batched search, each result equal to the unbatched search of the same image; the corrupt one alone gets
+    its 400."""
+    photos = sorted(photos_dir.iterdir())[:5]
+    settings = Settings(index_dir=lite0_index, batch_max_size=5, batch_max_wait_ms=3000)
+    app = create_app(settings)
+    with TestClient(app) as client:
+        engine = app.state.live.engine
+        responses: dict[str, object] = {}
+
+        def post(name: str, data: bytes, params: dict) -> None:
+            responses[name] = client.post("/v1/search", files={"file": ("q.jpg", data, "image/jpeg")}, params=params)
+
+        jobs = [(p.name, p.read_bytes(), {"k": 8}) for p in photos] + [("corrupt", b"\xff\xd8 not a jpeg", {"k": 8})]
+        threads = [threading.Thread(target=post, args=job) for job in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert app.state.batched.encoder.batch_sizes == [5]
+        assert app.state.batched.searcher.batch_sizes == [5]
+        bad = responses["corrupt"]
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_image"
+        for photo in photos:
+            got = responses[photo.name]
+            assert got.status_code == 200, got.text
+            want = engine.search_bytes(photo.read_bytes(), k=8)
+            got = got.json()
+            assert [h["id"] for h in got["results"]] == [h["id"] for h in want["results"]]
+            assert [h["path"] for h in got["results"]] == [h["path"] for h in want["results"]]
+            np.testing.assert_allclose([h["score"] for h in got["results"]], [h["score"] for h in want["results"]],
+                                       rtol=0, atol=1e-4)
+            assert got["num_candidates"] == want["num_candidates"] and got["depth"] == want["depth"]
+            assert got["results"][0]["path"] == photo.name  # the photo itself is its own best match
+        # exact mode goes through the batcher too, query by query in the search batch
+        exact = client.post("/v1/search", files={"file": ("q.jpg", photos[0].read_bytes(), "image/jpeg")},
+                            params={"k": 3, "mode": "exact"}).json()
+        want = engine.search_bytes(photos[0].read_bytes(), k=3, mode="exact")
+        assert [h["id"] for h in exact["results"]] == [h["id"] for h in want["results"]]
