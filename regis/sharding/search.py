@@ -1,0 +1,159 @@
+"""Search over a sharded collection: the query tokens go to every shard, each shard returns its exact MaxSim
+top-k (ANN: its own FAISS candidates, reranked exactly; exact: every image), and the merge keeps the k best.
+
+The merge is exact: each shard's scores are exact MaxSim scores, and a global top-k image is in the top-k of its
+own shard, so the merged list equals the unsharded one in exact mode (ties broken by ascending global id, as
+``Searcher`` does: a shard's local order is its global order, since ``global = local * S + shard``). In ANN mode
+every shard probes its own FAISS index with the full depth, so the sharded candidates are a superset in
+expectation and the recall is at least the unsharded one's (tested).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import IndexFormatError
+from regis.indexes.layout import read_current
+from regis.indexes.snapshot import IndexSnapshot
+from regis.indexes.table import ImageRecord
+from regis.retrieve.searcher import Mode, Searcher, SearchResult, top_k
+from regis.sharding.layout import read_layout, shard_dir, to_global, to_local
+
+log = logging.getLogger("regis.sharding")
+
+
+def merge_top_k(parts: list[SearchResult], k: int) -> SearchResult:
+    """The k best of several shards' results (global ids), score descending, id ascending on ties.
+
+    Args:
+        parts: each shard's ``SearchResult`` in global ids.
+        k: results wanted.
+
+    Returns:
+        One ``SearchResult``: ``num_candidates`` summed, timings the slowest shard's per stage (ms).
+    """
+    if not parts:
+        return SearchResult(np.zeros(0, np.int64), np.zeros(0, np.float32), 0, {"candidates": 0.0, "rerank": 0.0})
+    ids, scores = top_k(np.concatenate([p.ids for p in parts]).astype(np.int64),
+                        np.concatenate([p.scores for p in parts]).astype(np.float32), k)
+    timings = {name: max(p.timings_ms.get(name, 0.0) for p in parts) for name in ("candidates", "rerank")}
+    return SearchResult(ids, scores, sum(p.num_candidates for p in parts), timings, depth=parts[0].depth)
+
+
+@dataclass
+class ShardSearcher:
+    """One shard of a collection, answering in global ids.
+
+    Attributes:
+        shard: the shard number s.
+        num_shards: S.
+        searcher: the ``Searcher`` over the shard's snapshot (None for a shard that never received an image).
+    """
+
+    shard: int
+    num_shards: int
+    searcher: Searcher | None
+
+    @classmethod
+    def open(cls, collection: Path | str, shard: int, device: str = "cpu", **searcher_kwargs) -> ShardSearcher:
+        """Open shard ``shard``'s live version.
+
+        Raises:
+            IndexFormatError: the shard has no index although global ids were routed to it.
+        """
+        layout = read_layout(collection)
+        path = shard_dir(collection, shard)
+        if not path.is_dir() or read_current(path) is None:
+            if layout["next_id"] > shard:
+                raise IndexFormatError(f"{path} has no index version, but images were routed to it")
+            return cls(shard, layout["num_shards"], None)
+        return cls(shard, layout["num_shards"], Searcher(IndexSnapshot.open(path), device=device, **searcher_kwargs))
+
+    @property
+    def version(self) -> int | None:
+        """The shard's index version (None: empty shard)."""
+        return self.searcher.snapshot.version if self.searcher else None
+
+    def search(self, query: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
+               nprobe: int | None = None) -> SearchResult:
+        """``Searcher.search`` on this shard, ids made global. Query (m, D) float32."""
+        if self.searcher is None:
+            return SearchResult(np.zeros(0, np.int64), np.zeros(0, np.float32), 0,
+                                {"candidates": 0.0, "rerank": 0.0}, depth)
+        r = self.searcher.search(query, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        r.ids = to_global(r.ids, self.shard, self.num_shards)
+        return r
+
+    def search_batch(self, queries: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
+                     nprobe: int | None = None) -> list[SearchResult]:
+        """B queries (B, m, D) float32 at once (ANN: ``Searcher.search_batch``), ids made global."""
+        if self.searcher is None or mode != "ann":
+            return [self.search(q, k, depth, mode, nprobe) for q in queries]
+        out = self.searcher.search_batch(queries, k=k, depth=depth, nprobe=nprobe)
+        for r in out:
+            r.ids = to_global(r.ids, self.shard, self.num_shards)
+        return out
+
+    def records(self, ids: np.ndarray) -> dict[int, ImageRecord]:
+        """Table rows of this shard's global ``ids`` (n,), keyed by global id (ids of other shards: absent)."""
+        if self.searcher is None:
+            return {}
+        ids = np.asarray(ids, dtype=np.int64)
+        mine = ids[ids % self.num_shards == self.shard]
+        rows = self.searcher.snapshot.table.get_many(to_local(mine, self.num_shards).tolist())
+        return {int(g): rows[int(local)] for g, local in zip(mine, to_local(mine, self.num_shards), strict=True)
+                if int(local) in rows}
+
+    def close(self) -> None:
+        """Close the shard's snapshot."""
+        if self.searcher is not None:
+            self.searcher.snapshot.close()
+
+
+class ShardedSearcher:
+    """Every shard of a collection, searched one after the other in this process (the embedded path; the Ray
+    application in ``cluster/`` runs one deployment per shard instead).
+
+    Args:
+        collection: the collection folder.
+        device: torch device for the rerank.
+
+    Raises:
+        IndexFormatError: not a collection, or a shard unreadable.
+    """
+
+    def __init__(self, collection: Path | str, device: str = "cpu", **searcher_kwargs):
+        layout = read_layout(collection)
+        self.num_shards = layout["num_shards"]
+        self.shards: list[ShardSearcher] = []
+        try:
+            for s in range(self.num_shards):
+                self.shards.append(ShardSearcher.open(collection, s, device, **searcher_kwargs))
+        except BaseException:
+            self.close()
+            raise
+
+    def search(self, query: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
+               nprobe: int | None = None) -> SearchResult:
+        """Fan the query (m, D) float32 out to every shard and merge their top-k; see ``merge_top_k``."""
+        t0 = time.perf_counter()
+        out = merge_top_k([s.search(query, k, depth, mode, nprobe) for s in self.shards], k)
+        out.timings_ms["total"] = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def records(self, ids: np.ndarray) -> dict[int, ImageRecord]:
+        """Table rows of global ``ids``, keyed by global id."""
+        out: dict[int, ImageRecord] = {}
+        for s in self.shards:
+            out.update(s.records(ids))
+        return out
+
+    def close(self) -> None:
+        """Close every shard."""
+        for s in self.shards:
+            s.close()

@@ -1,0 +1,177 @@
+"""Writing a sharded collection: one ``IndexWriter`` transaction per shard, driven with global image ids.
+
+Each shard commits atomically on its own (a shard is an ordinary index); ``ShardedWriter.commit`` commits them one
+after the other, then records the next global id in ``shards.json``. A writer killed between two shard commits
+leaves every shard on a complete version: the shards already committed have the new images, the others the old
+ones, and the next build (which plans from what the shards hold) adds what is missing, under the same ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import ConfigError
+from regis.indexes.manifest import Manifest
+from regis.indexes.table import ImageRecord
+from regis.indexes.writer import IndexWriter
+from regis.models.encoder import EncoderConfig, WeightsInfo
+from regis.sharding.layout import create_collection, shard_dir, shard_of, to_global, to_local, write_layout
+
+
+class ShardedWriter:
+    """A write transaction on every shard of a collection, in global ids.
+
+    Args:
+        collection: the collection folder (created with ``num_shards`` shards if missing).
+        num_shards: S; must equal an existing collection's.
+        encoder, weights: the encoder's config and weights info (checked against existing shards).
+        **writer_kwargs: passed to each shard's ``IndexWriter`` (faiss_spec, nprobe, images_root, token_store,
+            depth, lock_timeout_s, keep_versions).
+
+    Raises:
+        ConfigError: bad shard count (see ``create_collection``).
+        IndexMismatchError / IndexLockedError: as ``IndexWriter``, for any shard.
+    """
+
+    def __init__(self, collection: Path | str, num_shards: int, encoder: EncoderConfig, weights: WeightsInfo,
+                 **writer_kwargs):
+        self.collection = Path(collection)
+        layout = create_collection(self.collection, num_shards)
+        self.num_shards = num_shards
+        self.writers: list[IndexWriter] = []
+        try:
+            for s in range(num_shards):
+                self.writers.append(IndexWriter(shard_dir(self.collection, s), encoder, weights, **writer_kwargs))
+        except BaseException:
+            self.abort()
+            raise
+        highest = [int(to_global(np.array([w.next_id - 1]), s, num_shards)[0]) + 1 if w.next_id else 0
+                   for s, w in enumerate(self.writers)]
+        self.next_id = max(int(layout["next_id"]), *highest)
+        self._done = False
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._done:
+            self.abort()
+
+    def records_by_path(self) -> dict[str, ImageRecord]:
+        """Every shard's table rows by path, with global ids."""
+        out: dict[str, ImageRecord] = {}
+        for s, w in enumerate(self.writers):
+            for path, rec in w.table.by_path().items():
+                out[path] = dataclasses.replace(rec, id=rec.id * self.num_shards + s)
+        return out
+
+    def allocate_ids(self, n: int) -> np.ndarray:
+        """Hand out ``n`` new global image ids (int64), never used before in this collection."""
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
+        return ids
+
+    def _by_shard(self, ids: np.ndarray):
+        shards = shard_of(ids, self.num_shards)
+        for s in np.unique(shards):
+            rows = np.flatnonzero(shards == s)
+            yield int(s), rows, to_local(ids[rows], self.num_shards)
+
+    def put(self, records: list[ImageRecord], tokens: np.ndarray) -> None:
+        """Store images under their global ids (from ``allocate_ids``, or live ids for new tokens).
+
+        Args:
+            records: one ImageRecord per image, ``id`` the global id.
+            tokens: (n, T, D) float unit-norm tokens.
+
+        Raises:
+            ConfigError: shape mismatch, or an id never allocated.
+        """
+        if len(records) != len(tokens):
+            raise ConfigError(f"{len(records)} records for {len(tokens)} token sets")
+        if not records:
+            return
+        ids = np.array([r.id for r in records], dtype=np.int64)
+        if (ids < 0).any() or (ids >= self.next_id).any():
+            raise ConfigError("global image ids must come from allocate_ids()")
+        for s, rows, local in self._by_shard(ids):
+            w = self.writers[s]
+            need = int(local.max()) + 1 - w.next_id
+            if need > 0:
+                w.allocate_ids(need)  # the shard's ids below stay free (images of other shards, failed files)
+            w.put([dataclasses.replace(records[r], id=int(i)) for r, i in zip(rows, local, strict=True)],
+                  tokens[rows])
+
+    def update_records(self, records: list[ImageRecord]) -> None:
+        """Change table rows (global ids) without touching their tokens."""
+        ids = np.array([r.id for r in records], dtype=np.int64)
+        for s, rows, local in self._by_shard(ids):
+            self.writers[s].update_records(
+                [dataclasses.replace(records[r], id=int(i)) for r, i in zip(rows, local, strict=True)])
+
+    def delete(self, ids) -> None:
+        """Remove images by global id; unknown ids are ignored."""
+        ids = np.asarray(list(ids), dtype=np.int64)
+        for s, _, local in self._by_shard(ids):
+            self.writers[s].delete(local.tolist())
+
+    def commit(self, report: dict | None = None) -> list[Manifest | None]:
+        """Publish every changed shard (one after the other), then the collection's next id.
+
+        Returns:
+            Each shard's new manifest, or None where the shard did not change.
+        """
+        if self._done:
+            raise RuntimeError("this ShardedWriter is already committed or aborted")
+        self._done = True
+        manifests = []
+        try:
+            for w in self.writers:
+                manifests.append(w.commit(report))
+        except BaseException:
+            self.abort()
+            raise
+        write_layout(self.collection, self.num_shards, self.next_id)
+        return manifests
+
+    def abort(self) -> None:
+        """Drop every shard's uncommitted changes."""
+        self._done = True
+        for w in self.writers:
+            w.abort()
+
+
+def split_index(index_dir: Path | str, collection: Path | str, num_shards: int, chunk: int = 4096,
+                **writer_kwargs) -> list[Manifest | None]:
+    """Copy the live images of an unsharded index into a new sharded collection, same ids and tokens.
+
+    Args:
+        index_dir: the unsharded index.
+        collection: the new collection folder.
+        num_shards: S.
+        chunk: images copied per step.
+        **writer_kwargs: as ``ShardedWriter`` (e.g. ``faiss_spec`` for every shard).
+
+    Returns:
+        The shards' manifests.
+
+    Raises:
+        IndexFormatError: no readable index in ``index_dir``.
+    """
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index_dir)
+    try:
+        m = snap.manifest
+        writer_kwargs.setdefault("images_root", m.images_root)
+        with ShardedWriter(collection, num_shards, m.encoder, m.weights, **writer_kwargs) as w:
+            w.allocate_ids(m.next_id)
+            for ids, tokens in snap.store.iter_chunks(chunk):
+                recs = snap.table.get_many(ids.tolist())
+                w.put([recs[int(i)] for i in ids], np.asarray(tokens, dtype=np.float32))
+            return w.commit()
+    finally:
+        snap.close()
