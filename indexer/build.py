@@ -168,7 +168,8 @@ def _embed(
                 failed_ids.append(image_id)
             if batch["tensors"] is not None:
                 t0 = time.perf_counter()
-                tokens = encoder.encode(batch["tensors"]).cpu().numpy()
+                tokens, buddies, grid = encoder.encode_with_buddies(batch["tensors"])
+                tokens, buddies = tokens.cpu().numpy(), buddies.cpu().numpy()
                 report.encode_s += time.perf_counter() - t0
                 records = []
                 for item in batch["ok"]:
@@ -176,7 +177,7 @@ def _embed(
                     records.append(ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"],
                                                item["bytes"], entry.mtime, meta))
                 t0 = time.perf_counter()
-                writer.put(records, tokens)
+                writer.put(records, tokens, buddies=buddies, grid=grid)
                 report.put_s += time.perf_counter() - t0
             done += len(batch["ok"]) + len(batch["failed"])
             elapsed = time.perf_counter() - t_start

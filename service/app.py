@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse
 import regis
 from service.errors import install_error_handlers
 from service.metrics import Metrics, MetricsMiddleware
-from service.routes import health, images, jobs, metrics, search
+from service.routes import explain, health, images, jobs, metrics, search
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -110,6 +110,7 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(search.router)
+    app.include_router(explain.router)
     app.include_router(images.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)

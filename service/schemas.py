@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from regis.jobs.model import JobInfo
+from service.schemas_explain import Explanation, QueryTokens
 
 
 class SearchHit(BaseModel):
@@ -17,6 +18,9 @@ class SearchHit(BaseModel):
     width: int | None = None
     height: int | None = None
     metadata: dict = Field(default_factory=dict)
+    explanation: Explanation | None = Field(
+        default=None, description="with explain=true: the score term by term, which result token each query "
+                                  "token matched and where (null otherwise)")
 
 
 class Timings(BaseModel):
@@ -26,6 +30,7 @@ class Timings(BaseModel):
     encode: float
     candidates: float
     rerank: float
+    explain: float | None = Field(default=None, description="with explain=true: building the explanations")
     total: float
 
 
@@ -38,6 +43,8 @@ class SearchResponse(BaseModel):
     depth: int
     num_candidates: int = Field(description="images scored exactly with MaxSim")
     results: list[SearchHit]
+    query: QueryTokens | None = Field(default=None, description="with explain=true: the query's tokens and the "
+                                                                "boxes of its ROI tokens (null otherwise)")
     timings_ms: Timings
 
 

@@ -10,6 +10,8 @@
         locations.npy              int64 (next_id, 2): (segment index, row) of each image id, -1 if none
         tokens.faiss               FAISS index over token vectors, id = image_id * T + token_position
         build_report.json          what the build that made this version did (optional)
+        buddies.npy                int16 (next_id, R + 1): each image's buddy patch per cue, -1 if unknown
+                                   (optional: versions written before it existed have none)
 
 A version directory is written under a temporary name and renamed when complete; CURRENT is replaced last.
 A writer killed at any point leaves the previous version live and intact.
@@ -30,6 +32,7 @@ TABLE_FILE = "images.sqlite"
 LOCATIONS_FILE = "locations.npy"
 FAISS_FILE = "tokens.faiss"
 REPORT_FILE = "build_report.json"
+BUDDIES_FILE = "buddies.npy"
 TMP_PREFIX = ".tmp-"
 
 

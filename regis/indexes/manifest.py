@@ -55,6 +55,22 @@ class TokenStoreInfo(BaseModel):
     code_size: int | None = None
 
 
+class BuddyInfo(BaseModel):
+    """Each image's buddy patches (``buddies.npy``): where its ROI tokens' windows lie, for match explanations.
+
+    Attributes:
+        file: the array's file name in the version directory: int16 (next_id, R + 1), row = image id, column =
+            cue (0 = CLS, 1..R = registers), value = row-major patch index on ``grid``, -1 where unknown (an
+            image written by a caller that gave no buddies, a deleted id).
+        grid: (h, w), the encoder's patch grid the indices refer to.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str
+    grid: tuple[int, int]
+
+
 class Manifest(BaseModel):
     """Index manifest (``manifest.json`` of a version directory).
 
@@ -74,6 +90,7 @@ class Manifest(BaseModel):
         segments: token segments referenced by ``locations.npy``.
         images_root: absolute path of the indexed folder (None for an index fed only by uploads).
         token_store: the store the ANN rerank reads (float16 segments unless a compressed one was asked for).
+        buddies: the images' buddy patches (None in versions written before they were stored).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -93,6 +110,7 @@ class Manifest(BaseModel):
     segments: list[SegmentInfo]
     images_root: str | None = None
     token_store: TokenStoreInfo = TokenStoreInfo()
+    buddies: BuddyInfo | None = None
 
     @staticmethod
     def now() -> str:

@@ -36,10 +36,12 @@ class IndexSnapshot:
         table: image table (read-only, thread-safe).
         faiss: the FAISS token index (in memory).
         codes: the compressed token store (``regis.indexes.codes.CodeStore``), None for a float16 store.
+        buddies: (next_id, R + 1) int16 buddy patches of the images (-1: unknown), None when the version has
+            none (written before they were stored); their grid is ``manifest.buddies.grid``.
     """
 
     def __init__(self, index_dir: Path, name: str, manifest: Manifest, store: TokenStore, table: ImageTable, faiss,
-                 codes: token_codes.CodeStore | None = None):
+                 codes: token_codes.CodeStore | None = None, buddies: np.ndarray | None = None):
         self.index_dir = Path(index_dir)
         self.name = name
         self.manifest = manifest
@@ -47,6 +49,7 @@ class IndexSnapshot:
         self.table = table
         self.faiss = faiss
         self.codes = codes
+        self.buddies = buddies
 
     @property
     def version(self) -> int:
@@ -84,7 +87,14 @@ class IndexSnapshot:
         codes = None
         if manifest.token_store.spec != token_codes.FLOAT16:
             codes = token_codes.CodeStore(vdir, manifest.tokens_per_image, manifest.dim)
-        return cls(index_dir, name, manifest, store, ImageTable(vdir / TABLE_FILE, readonly=True), index, codes)
+        buddies = None
+        if manifest.buddies is not None:
+            try:
+                buddies = np.load(vdir / manifest.buddies.file)
+            except (OSError, ValueError) as exc:
+                raise IndexFormatError(f"{vdir / manifest.buddies.file} is missing or corrupt") from exc
+        return cls(index_dir, name, manifest, store, ImageTable(vdir / TABLE_FILE, readonly=True), index, codes,
+                   buddies)
 
     def close(self) -> None:
         """Release the table connection (memory maps go with the object)."""

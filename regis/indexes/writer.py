@@ -5,6 +5,7 @@ Usage::
     with IndexWriter(index_dir, encoder.config, encoder.weights_info) as w:
         ids = w.allocate_ids(len(batch))
         w.put(records, tokens)          # new images, or new tokens for existing ids
+        w.put(records, tokens, buddies=b, grid=(h, w))  # ... with their buddy patches (match explanations)
         w.delete([7, 9])
         manifest = w.commit()           # None when nothing changed
 
@@ -30,6 +31,7 @@ from regis.errors import ConfigError, IndexFormatError, IndexLockedError, IndexM
 from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
 from regis.indexes.layout import (
+    BUDDIES_FILE,
     CURRENT_FILE,
     FAISS_FILE,
     LOCATIONS_FILE,
@@ -46,7 +48,7 @@ from regis.indexes.layout import (
     version_name,
     write_bytes_atomic,
 )
-from regis.indexes.manifest import FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
+from regis.indexes.manifest import BuddyInfo, FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
 from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
 from regis.indexes.table import ImageRecord, ImageTable
 from regis.models.encoder import EncoderConfig, WeightsInfo
@@ -177,6 +179,7 @@ class IndexWriter:
             self.next_id = 0
         self.table = ImageTable(self.tmp_dir / TABLE_FILE, readonly=False)
         self._base_dir = base_dir
+        self.buddies, self.buddy_grid = self._load_buddies(base_dir)
         self._seg_name = f"seg-{uuid.uuid4().hex}.f16"
         self._seg_tmp = self.dir / SEGMENTS_DIR / f"{TMP_PREFIX}{self._seg_name}"
         self._seg_file = None
@@ -185,6 +188,33 @@ class IndexWriter:
         self._added: list[int] = []  # ids whose tokens are in the new segment
         self._changed = False
         self._done = False
+
+    def _load_buddies(self, base_dir: Path | None) -> tuple[np.ndarray | None, tuple[int, int] | None]:
+        """The base version's buddy patches, sized like ``locations`` (None when it has none)."""
+        if base_dir is None or self.base is None or self.base.buddies is None:
+            return None, None
+        try:
+            stored = np.load(base_dir / self.base.buddies.file)
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{base_dir / self.base.buddies.file} is missing or corrupt") from exc
+        out = np.full((len(self.locations), self.encoder.num_registers + 1), -1, dtype=np.int16)
+        n = min(len(stored), len(out))
+        out[:n] = stored[:n]
+        return out, tuple(self.base.buddies.grid)
+
+    def _put_buddies(self, ids: np.ndarray, buddies, grid) -> None:
+        """Record the buddy patches of ``ids`` (-1 rows when the caller gave none)."""
+        if buddies is None:
+            if self.buddies is not None:
+                self.buddies[ids] = -1
+            return
+        grid = (int(grid[0]), int(grid[1]))
+        if self.buddies is None:
+            self.buddies = np.full((len(self.locations), self.encoder.num_registers + 1), -1, dtype=np.int16)
+            self.buddy_grid = grid
+        elif grid != self.buddy_grid:
+            raise ConfigError(f"buddy patches on a {grid} grid cannot join an index on a {self.buddy_grid} grid")
+        self.buddies[ids] = buddies
 
     # ----------------------------------------------------------------- transaction API
     def __enter__(self) -> IndexWriter:
@@ -202,31 +232,46 @@ class IndexWriter:
             grown = empty_locations(max(self.next_id, 2 * len(self.locations)))
             grown[: len(self.locations)] = self.locations
             self.locations = grown
+            if self.buddies is not None:
+                more = np.full((len(grown), self.buddies.shape[1]), -1, dtype=np.int16)
+                more[: len(self.buddies)] = self.buddies
+                self.buddies = more
         return ids
 
     def is_live(self, image_id: int) -> bool:
         """Whether ``image_id`` currently has tokens in this transaction's view."""
         return 0 <= image_id < len(self.locations) and self.locations[image_id, 0] >= 0
 
-    def put(self, records: list[ImageRecord], tokens: np.ndarray) -> None:
+    def put(self, records: list[ImageRecord], tokens: np.ndarray, buddies: np.ndarray | None = None,
+            grid: tuple[int, int] | None = None) -> None:
         """Store images: new ids (from ``allocate_ids``) or new tokens for live ids.
 
         Args:
             records: one ImageRecord per image, ``id`` set.
             tokens: (n, T, D) float (stored as float16), unit-norm tokens from the index's encoder.
+            buddies: optional (n, R + 1) int buddy patches (``RegisEncoder.encode_with_buddies``), stored in
+                ``buddies.npy`` for match explanations; without them these images' rows read -1 (unknown).
+            grid: the (h, w) patch grid ``buddies`` index; required with ``buddies``.
 
         Raises:
-            ConfigError: shape mismatch, or an id that was never allocated.
+            ConfigError: shape mismatch, an id that was never allocated, buddies without a grid or on
+                another grid than the index's.
         """
         if tokens.ndim != 3 or tokens.shape[1:] != (self.T, self.D) or tokens.shape[0] != len(records):
             raise ConfigError(
                 f"expected tokens of shape ({len(records)}, {self.T}, {self.D}), got {tuple(tokens.shape)}"
             )
+        if buddies is not None:
+            buddies = np.asarray(buddies)
+            want = (len(records), self.encoder.num_registers + 1)
+            if buddies.shape != want or grid is None:
+                raise ConfigError(f"expected buddies of shape {want} and their grid, got {buddies.shape}, {grid}")
         if not records:
             return
         ids = np.array([r.id for r in records], dtype=np.int64)
         if (ids < 0).any() or (ids >= self.next_id).any():
             raise ConfigError("image ids must come from allocate_ids()")
+        self._put_buddies(ids, buddies, grid)
         if self._seg_file is None:
             self._seg_file = open(self._seg_tmp, "wb")  # noqa: SIM115 (closed in commit/abort)
         self._seg_file.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes())
@@ -254,6 +299,8 @@ class IndexWriter:
         for image_id in live:
             self.locations[image_id] = (-1, -1)
             self._removed.add(image_id)
+            if self.buddies is not None:
+                self.buddies[image_id] = -1
         self.table.delete(live)
         self._changed = True
 
@@ -393,6 +440,10 @@ class IndexWriter:
         depth = self._depth_arg or (self.base.faiss.depth if same_spec else faiss_index.default_depth(spec))
         token_store = self._write_codes(store)
         np.save(self.tmp_dir / LOCATIONS_FILE, self.locations[: self.next_id])
+        buddies = None
+        if self.buddies is not None:
+            np.save(self.tmp_dir / BUDDIES_FILE, self.buddies[: self.next_id])
+            buddies = BuddyInfo(file=BUDDIES_FILE, grid=self.buddy_grid)
         self.table.commit()
         self.table.close()
         manifest = Manifest(
@@ -409,6 +460,7 @@ class IndexWriter:
             segments=self.segments,
             images_root=self.images_root,
             token_store=token_store,
+            buddies=buddies,
         )
         (self.tmp_dir / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
         if report is not None:

@@ -18,7 +18,7 @@ from torch import nn
 from regis.errors import ConfigError, IndexMismatchError, WeightsError
 from regis.models.cues import CUE_METHODS, cnn_cues
 from regis.models.registry import BackboneSpec, get_backbone_spec
-from regis.models.roi import BORDER_MODES, check_roi_size, roi_tokens
+from regis.models.roi import BORDER_MODES, buddy_patches, check_roi_size, roi_tokens
 from regis.models.weights import (
     LoadedWeights,
     create_timm_model,
@@ -143,12 +143,26 @@ class RegisEncoder(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) float -> (B, T, D) unit-norm tokens (see class docstring)."""
+        return self.forward_with_buddies(images)[0]
+
+    def forward_with_buddies(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """The tokens of ``forward`` and where each ROI token's window sits on the patch grid.
+
+        Args:
+            images: (B, 3, H, W) float.
+
+        Returns:
+            tokens (B, T, D) float unit-norm (exactly ``forward``'s), buddies (B, R + 1) int64: the buddy
+            patch of each cue (row-major index on the grid; the ROI token of cue c is the N x N window centred
+            there, ``regis.models.roi.window_bounds``), and the patch grid (h, w).
+        """
         cues, patches, grid = self.forward_parts(images)
+        buddies = buddy_patches(cues, patches)
         if self.config.token_set == "cls+reg+roi":
             tokens = torch.cat([cues, roi_tokens(cues, patches, grid, self.config.roi_size, self.config.border)], 1)
         else:
             tokens = cues[:, : self.config.tokens_per_image]
-        return F.normalize(tokens.float(), dim=-1)
+        return F.normalize(tokens.float(), dim=-1), buddies, grid
 
     @torch.inference_mode()
     def encode(self, images: torch.Tensor, autocast: bool = True) -> torch.Tensor:
@@ -161,6 +175,22 @@ class RegisEncoder(nn.Module):
         with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=use_amp):
             out = self(images)
         return F.normalize(out.float(), dim=-1)
+
+    @torch.inference_mode()
+    def encode_with_buddies(
+        self, images: torch.Tensor, autocast: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """Inference as ``encode``, plus each cue's buddy patch (what match explanations draw).
+
+        Returns:
+            tokens (B, T, D) float32 unit-norm on the input's device (the same as ``encode``), buddies
+            (B, R + 1) int64 on that device, and the patch grid (h, w). See ``forward_with_buddies``.
+        """
+        images = images.to(next(self.parameters()).device)
+        use_amp = autocast and images.device.type == "cuda"
+        with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            tokens, buddies, grid = self.forward_with_buddies(images)
+        return F.normalize(tokens.float(), dim=-1), buddies, grid
 
 
 def _resolve_weights(

@@ -40,6 +40,34 @@ def _window_bounds(centre: int, n: int, size: int, border: str) -> tuple[int, in
     return max(lo, 0), min(hi, size)
 
 
+def window_bounds(buddy: int, grid: tuple[int, int], n: int, border: str = "clip") -> tuple[int, int, int, int]:
+    """The patch window a ROI token averages, as grid bounds.
+
+    Args:
+        buddy: the buddy patch, row-major index in [0, h * w).
+        grid: (h, w) patch grid.
+        n: window size N (odd, >= 1).
+        border: "clip" or "shift", as in ``roi_tokens``.
+
+    Returns:
+        (row0, row1, col0, col1): rows row0..row1 - 1 and columns col0..col1 - 1 of the grid (ends exclusive),
+        exactly the patches ``window_matrix`` gives weight to.
+
+    Raises:
+        ConfigError: bad N / border, or ``buddy`` outside the grid.
+    """
+    check_roi_size(n)
+    if border not in BORDER_MODES:
+        raise ConfigError(f"border must be one of {BORDER_MODES}, got {border!r}")
+    h, w = int(grid[0]), int(grid[1])
+    if not 0 <= buddy < h * w:
+        raise ConfigError(f"buddy patch {buddy} lies outside a {h} x {w} grid")
+    r, c = divmod(int(buddy), w)
+    r0, r1 = _window_bounds(r, n, h, border)
+    c0, c1 = _window_bounds(c, n, w, border)
+    return r0, r1, c0, c1
+
+
 @lru_cache(maxsize=32)
 def _window_matrix_cpu(h: int, w: int, n: int, border: str) -> torch.Tensor:
     p = h * w

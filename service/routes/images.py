@@ -49,12 +49,22 @@ def image_file(
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> FileResponse:
     """The bytes of an indexed image, read from the indexed folder."""
+    path = image_path(engine, settings, image_id)
+    return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+
+
+def image_path(engine: QueryEngine, settings: Settings, image_id: int) -> Path:
+    """Where the file of an indexed image is (the uploads folder, or the indexed folder).
+
+    Raises:
+        APIError: 404 ``image_not_found`` (no such id) or ``file_unavailable`` (not on disk any more).
+    """
     snapshot, rec = _record(engine, image_id)
     if is_upload_path(rec.path):  # uploads live in the uploads folder, content-addressed
         path = upload_file(settings.resolved_uploads_dir(), rec.path)
         if not path.is_file():
             raise APIError(404, "file_unavailable", f"image {image_id} is no longer on disk")
-        return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+        return path
     root = settings.images_root or snapshot.manifest.images_root
     if root is None:
         raise APIError(404, "file_unavailable", "this index has no image folder to serve files from")
@@ -64,8 +74,7 @@ def image_file(
         raise APIError(404, "file_unavailable", "the image path lies outside the indexed folder")
     if not path.is_file():
         raise APIError(404, "file_unavailable", f"image {image_id} is no longer on disk ({rec.path})")
-    media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return FileResponse(path, media_type=media_type)
+    return path
 
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Query, Request, Response, UploadFile
+from starlette.concurrency import run_in_threadpool
 
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings
@@ -27,6 +28,7 @@ async def read_upload(file: UploadFile, limit: int) -> bytes:
 @router.post(
     "/search",
     response_model=SearchResponse,
+    response_model_exclude_unset=True,
     responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
 )
 async def search(
@@ -40,8 +42,11 @@ async def search(
         int | None, Query(ge=1, le=4096, description="candidates: FAISS neighbours per query token (k')")
     ] = None,
     mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
+    explain: Annotated[bool, Query(description="add each result's explanation (which result token each query "
+                                               "token matched, its similarity and share of the score, ROI boxes) "
+                                               "and the query's tokens")] = False,
 ) -> dict:
-    """Rank the indexed images by MaxSim similarity to the uploaded image."""
+    """Rank the indexed images by MaxSim similarity to the uploaded image (with ``explain=true``: and say why)."""
     k = k or settings.default_k
     depth = depth or settings.default_depth
     if k > settings.max_k:
@@ -54,4 +59,10 @@ async def search(
             413, "payload_too_large", f"upload is larger than the limit of {settings.max_upload_bytes:,} bytes"
         )
     data = await read_upload(file, settings.max_upload_bytes)
+    if explain:
+        from regis.retrieve.explain import search_explained
+
+        result = await run_in_threadpool(search_explained, engine, data, k=k, depth=depth, mode=mode)
+        request.app.state.metrics.observe_search(result["timings_ms"])
+        return result
     return await run_search(request, response, engine, data, k=k, depth=depth, mode=mode)

@@ -1,0 +1,210 @@
+"""Explained search: the query's tokens and boxes, and per result which result token each query token matched.
+
+Glue between the query engine (``regis.retrieve.query``), the index snapshot (stored tokens and buddy patches)
+and the scoring explanations (``regis.scores.explain``). Nothing here re-encodes an indexed image except the
+pair view (``explain_pair``), which needs the result's patch tokens for its heatmap.
+
+JSON shapes (documented field by field in ``service.schemas_explain``):
+    query:       {"width", "height", "grid": [h, w], "tokens": [{"index", "name", "kind", "box"}]}
+    explanation: {"score", "matches": [{"query_token", "query_name", "result_token", "result_name",
+                  "similarity", "contribution", "share", "result_box"}]}
+Boxes are [x0, y0, x1, y1] in the image's own pixels (ends exclusive), or None.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from regis.errors import ImageDecodeError, RegisError
+from regis.images.decode import decode_image
+from regis.indexes.snapshot import IndexSnapshot
+from regis.models.encoder import EncoderConfig
+from regis.models.geometry import input_region
+from regis.scores.explain import patch_heatmap, token_box, token_matches, token_names
+
+
+class ResultImageError(RegisError):
+    """The file of an indexed image can no longer be decoded (changed or damaged on disk since indexing)."""
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image encoded for an explanation.
+
+    Attributes:
+        tokens: (T, D) float32 unit-norm tokens.
+        buddies: (R + 1,) int64 buddy patches on ``grid``.
+        grid: (h, w) patch grid.
+        width, height: the image's full size after EXIF orientation, pixels.
+        patches: (h * w, D) float32 patch tokens (only when asked for), else None.
+        timings_ms: {"decode": ms, "encode": ms}.
+    """
+
+    tokens: np.ndarray
+    buddies: np.ndarray
+    grid: tuple[int, int]
+    width: int
+    height: int
+    patches: np.ndarray | None
+    timings_ms: dict[str, float]
+
+
+def encode_image(engine, data: bytes, with_patches: bool = False) -> EncodedImage:
+    """Decode and encode image bytes with the engine's encoder, keeping the buddy patches.
+
+    Args:
+        engine: a ``QueryEngine`` (its encoder, transform and pixel limit are used).
+        data: the image bytes.
+        with_patches: also return the patch tokens (one more backbone pass; for heatmaps).
+
+    Raises:
+        ImageDecodeError: not a decodable image.
+    """
+    t0 = time.perf_counter()
+    decoded = decode_image(data, max_pixels=engine.max_pixels, draft_size=engine.encoder.config.resize_size)
+    pixels = engine.transform(decoded.image)[None]
+    t1 = time.perf_counter()
+    tokens, buddies, grid = engine.encoder.encode_with_buddies(pixels)
+    patches = None
+    if with_patches:
+        with torch.inference_mode():
+            patches = engine.encoder.forward_parts(pixels.to(tokens.device))[1][0].float().cpu().numpy()
+    t2 = time.perf_counter()
+    return EncodedImage(tokens[0].float().cpu().numpy(), buddies[0].cpu().numpy(), (int(grid[0]), int(grid[1])),
+                        decoded.width, decoded.height, patches,
+                        {"decode": (t1 - t0) * 1e3, "encode": (t2 - t1) * 1e3})
+
+
+def _box(box) -> list[float] | None:
+    return None if box is None else [round(float(v), 1) for v in box]
+
+
+def query_json(config: EncoderConfig, query: EncodedImage) -> dict:
+    """The query's tokens: name, kind and, for ROI tokens, the box of their window in the query's pixels."""
+    names = token_names(config.num_registers, len(query.tokens))
+    return {
+        "width": query.width, "height": query.height, "grid": list(query.grid),
+        "tokens": [
+            {"index": i, "name": name, "kind": kind,
+             "box": _box(token_box(config, query.grid, query.buddies, i, query.width, query.height))}
+            for i, (name, kind) in enumerate(names)
+        ],
+    }
+
+
+def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, buddies: np.ndarray | None,
+                   grid: tuple[int, int] | None, width: int, height: int) -> dict:
+    """The explanation of one result: its MaxSim score term by term (``regis.scores.explain.token_matches``).
+
+    Args:
+        config: the index's encoder config.
+        query: (m, D) float32 query tokens.
+        doc: (T, D) the result's tokens as the rerank scored them (float16 from the store).
+        buddies: (R + 1,) the result's buddy patches (-1: unknown) or None; grid: their (h, w) grid.
+        width, height: the result image's size, pixels.
+    """
+    m = token_matches(query, doc)
+    qnames = token_names(config.num_registers, len(query))
+    dnames = token_names(config.num_registers, len(doc))
+    matches = []
+    for i in range(len(query)):
+        j = int(m.best[i])
+        box = token_box(config, grid, buddies, j, width, height) if grid is not None else None
+        matches.append({
+            "query_token": i, "query_name": qnames[i][0], "result_token": j, "result_name": dnames[j][0],
+            "similarity": float(m.similarity[i]), "contribution": float(m.contribution[i]),
+            "share": float(m.share[i]), "result_box": _box(box),
+        })
+    return {"score": m.score, "matches": matches}
+
+
+def _stored_buddies(snapshot: IndexSnapshot, image_id: int) -> tuple[np.ndarray | None, tuple[int, int] | None]:
+    if snapshot.buddies is None or snapshot.manifest.buddies is None or image_id >= len(snapshot.buddies):
+        return None, None
+    return snapshot.buddies[image_id], tuple(snapshot.manifest.buddies.grid)
+
+
+def explain_hits(snapshot: IndexSnapshot, query: np.ndarray, hits: list[dict]) -> None:
+    """Add an ``explanation`` to each hit (``{"id", "width", "height", ...}`` dicts of a search result), from the
+    stored tokens and buddy patches of ``snapshot``; None for a hit no longer live in it."""
+    config = snapshot.manifest.encoder
+    ids = np.array([h["id"] for h in hits], dtype=np.int64)
+    live = snapshot.store.is_live(ids)
+    docs = snapshot.store.get(ids[live]) if live.any() else None
+    row = 0
+    for hit, ok in zip(hits, live, strict=True):
+        if not ok or hit.get("width") is None:
+            hit["explanation"] = None
+            row += int(ok)
+            continue
+        buddies, grid = _stored_buddies(snapshot, hit["id"])
+        hit["explanation"] = explain_tokens(config, query, docs[row], buddies, grid, hit["width"], hit["height"])
+        row += 1
+
+
+def search_explained(engine, data: bytes, **params) -> dict:
+    """``QueryEngine.search_bytes`` plus explanations: a top-level ``query`` block and, per result, an
+    ``explanation`` (see the module docstring). ``params`` go to ``QueryEngine.search_tokens``.
+
+    Raises:
+        ImageDecodeError: bad image bytes.
+        ConfigError: bad search parameters.
+    """
+    t0 = time.perf_counter()
+    snapshot = engine.snapshot
+    query = encode_image(engine, data)
+    out = engine.search_tokens(query.tokens, **params)
+    t1 = time.perf_counter()
+    if out["index_version"] != snapshot.version:  # a swap between the two reads: explain from the new one
+        snapshot = engine.snapshot
+    explain_hits(snapshot, query.tokens, out["results"])
+    out["query"] = query_json(snapshot.manifest.encoder, query)
+    t2 = time.perf_counter()
+    out["timings_ms"] = {**query.timings_ms, **out["timings_ms"], "explain": (t2 - t1) * 1e3,
+                         "total": (t2 - t0) * 1e3}
+    return out
+
+
+def explain_pair(engine, query_data: bytes, image_id: int, image_data: bytes) -> dict:
+    """Explain one (query, indexed image) pair, with a patch-level heatmap of each query token over the image.
+
+    The match uses the image's stored tokens (so ``explanation.score`` is the score a search gives it) and its
+    stored buddy patches, or the freshly computed ones where the index has none. The heatmap re-encodes the
+    image: ``values[i][r][c]`` is the cosine of query token i with patch (r, c) of the image's input crop,
+    which covers ``region`` (x0, y0, x1, y1) of the image's pixels.
+
+    Args:
+        engine: a ``QueryEngine``.
+        query_data: the query image's bytes.
+        image_id: a live image id of the engine's index.
+        image_data: that image's bytes (its file).
+
+    Raises:
+        ImageDecodeError: the query cannot be decoded.
+        ResultImageError: the indexed image's bytes cannot be decoded.
+        KeyError: ``image_id`` is not live in the index.
+    """
+    snapshot = engine.snapshot
+    config = snapshot.manifest.encoder
+    doc = snapshot.store.get(np.array([image_id], dtype=np.int64))[0]
+    query = encode_image(engine, query_data)
+    try:
+        result = encode_image(engine, image_data, with_patches=True)
+    except ImageDecodeError as exc:
+        raise ResultImageError(f"the file of image {image_id} no longer decodes: {exc}") from exc
+    buddies, grid = _stored_buddies(snapshot, image_id)
+    if buddies is None or (buddies < 0).any():
+        buddies, grid = result.buddies, result.grid
+    heat = patch_heatmap(query.tokens, result.patches, result.grid)
+    return {
+        "index_version": snapshot.version,
+        "query": query_json(config, query),
+        "result": {"id": image_id, "width": result.width, "height": result.height},
+        "explanation": explain_tokens(config, query.tokens, doc, buddies, grid, result.width, result.height),
+        "heatmap": {"grid": list(result.grid), "region": _box(input_region(config, result.width, result.height)),
+                    "values": np.round(heat, 3).tolist()},
+    }

@@ -1,0 +1,131 @@
+"""Match explanations: why a result scored what it did under MaxSim (METHODS.md section 1).
+
+    S(Q, D) = sum_i max_j q_i . d_j
+
+Each query token i contributes one term: its best similarity over the result's tokens. An explanation
+lists, per query token, which result token j* = argmax_j q_i . d_j it matched (first index on ties, as the
+score's max), the similarity q_i . d_j* (a cosine in [-1, 1]: tokens are unit-norm), its contribution to the
+score (the term it adds; the contributions sum to S) and its share (contribution / S, summing to 1). ROI
+tokens also carry the box of their N x N patch window in the image's own pixels (``regis.models.geometry``).
+The pair view adds a patch-level heatmap: the cosine of each query token with every patch of the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from regis.errors import ConfigError
+from regis.models.geometry import Box, grid_box
+from regis.models.roi import window_bounds
+
+
+@dataclass(frozen=True)
+class TokenMatches:
+    """The MaxSim terms of one (query, result) pair.
+
+    Attributes:
+        best: (m,) int64, the result token each query token matched (argmax, first on ties).
+        similarity: (m,) float32, q_i . d_best[i] (cosine of unit-norm tokens, in [-1, 1]).
+        contribution: (m,) float32, the term each query token adds to the score (= similarity).
+        share: (m,) float32, contribution / score (sums to 1; all 0 when the score is 0).
+        score: the MaxSim score, sum of the contributions (float).
+    """
+
+    best: np.ndarray
+    similarity: np.ndarray
+    contribution: np.ndarray
+    share: np.ndarray
+    score: float
+
+
+def token_matches(query: np.ndarray, doc: np.ndarray) -> TokenMatches:
+    """Explain MaxSim(query, doc) term by term.
+
+    Args:
+        query: (m, D) float query tokens (unit-norm).
+        doc: (n, D) float result tokens (float16 from the store is upcast to float32, as the rerank does).
+
+    Returns:
+        ``TokenMatches``; its ``score`` equals the search's MaxSim score up to float32 summation order.
+
+    Raises:
+        ConfigError: shapes that are not (m, D) and (n, D) with the same D, or an empty side.
+    """
+    query = np.asarray(query, dtype=np.float32)
+    doc = np.asarray(doc, dtype=np.float32)
+    if query.ndim != 2 or doc.ndim != 2 or query.shape[1] != doc.shape[1] or not len(query) or not len(doc):
+        raise ConfigError(f"need (m, D) query and (n, D) result tokens, got {query.shape} and {doc.shape}")
+    sims = query @ doc.T
+    best = sims.argmax(axis=1)
+    similarity = sims[np.arange(len(query)), best]
+    contribution = similarity.copy()
+    score = float(contribution.sum(dtype=np.float64))
+    share = contribution / score if score != 0 else np.zeros_like(contribution)
+    return TokenMatches(best.astype(np.int64), similarity, contribution, share.astype(np.float32), score)
+
+
+def token_names(num_registers: int, tokens_per_image: int) -> list[tuple[str, str]]:
+    """(name, kind) of each token position of the layout [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R].
+
+    kind is "cls", "register" or "roi"; names are "cls", "reg1".., "roi-cls", "roi-reg1"... For CNN backbones
+    "cls" is the global average pool and the registers are part tokens (``regis.models.cues``).
+    """
+    r = num_registers
+    cues = ["cls", *[f"reg{i}" for i in range(1, r + 1)]]
+    out = [(name, "cls" if name == "cls" else "register") for name in cues]
+    out += [(f"roi-{name}", "roi") for name in cues]
+    return out[:tokens_per_image]
+
+
+def roi_cue(position: int, num_registers: int) -> int | None:
+    """The cue (0 = CLS, 1..R = registers) whose ROI token sits at ``position``; None for a non-ROI token."""
+    c = position - (num_registers + 1)
+    return c if 0 <= c <= num_registers else None
+
+
+def token_box(
+    config, grid: tuple[int, int], buddies: np.ndarray | None, position: int, width: int, height: int
+) -> Box | None:
+    """The box of a ROI token's N x N window in an image's own pixels.
+
+    Args:
+        config: the ``EncoderConfig`` (R, N, border, resize and crop sizes).
+        grid: (h, w) patch grid the buddies index.
+        buddies: (R + 1,) int, the image's buddy patches (-1: unknown), or None when the index has none.
+        position: token position in the layout.
+        width, height: the image's size, pixels.
+
+    Returns:
+        (x0, y0, x1, y1) float pixels (ends exclusive), or None for a CLS / register token or an unknown buddy.
+    """
+    cue = roi_cue(position, config.num_registers)
+    if cue is None or buddies is None or cue >= len(buddies) or int(buddies[cue]) < 0:
+        return None
+    window = window_bounds(int(buddies[cue]), grid, config.roi_size, config.border)
+    return grid_box(config, grid, window, width, height)
+
+
+def patch_heatmap(query: np.ndarray, patches: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Cosine similarity of each query token with every patch of an image.
+
+    Args:
+        query: (m, D) float unit-norm query tokens.
+        patches: (h * w, D) float patch tokens of the result, row-major (any norm; normalised here).
+        grid: (h, w).
+
+    Returns:
+        (m, h, w) float32 cosines in [-1, 1].
+
+    Raises:
+        ConfigError: the patches do not fill the grid or widths differ.
+    """
+    h, w = grid
+    patches = np.asarray(patches, dtype=np.float32)
+    if patches.shape[0] != h * w or patches.shape[1] != np.shape(query)[1]:
+        raise ConfigError(f"{patches.shape} patch tokens do not fill a {h} x {w} grid of width {np.shape(query)[1]}")
+    unit = patches / np.maximum(np.linalg.norm(patches, axis=1, keepdims=True), 1e-12)
+    q = np.asarray(query, dtype=np.float32)
+    q = q / np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    return (q @ unit.T).reshape(len(q), h, w)
