@@ -249,7 +249,7 @@ def build_index(
                      nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s,
                      token_store=options.token_store, depth=options.depth) as writer:
         t0 = time.perf_counter()
-        entries = scan_folder(root, exclude=(index_path,))
+        entries = scan_folder(root, exclude=(index_path,), confine_to=base)
         if scope:
             entries = [FileEntry(f"{scope}/{e.path}", e.abspath, e.bytes, e.mtime) for e in entries]
         plan = plan_changes(entries, _managed_records(writer, str(base), scope))

@@ -28,14 +28,17 @@ class FileEntry:
     mtime: float
 
 
-def scan_folder(root: Path, exclude: tuple[Path, ...] = ()) -> list[FileEntry]:
+def scan_folder(root: Path, exclude: tuple[Path, ...] = (), confine_to: Path | None = None) -> list[FileEntry]:
     """Every supported image file below ``root``, sorted by relative path.
 
     Hidden files and folders (names starting with ".") are skipped, symlinked folders are not followed,
-    and folders in ``exclude`` (e.g. an index directory inside the image folder) are pruned.
+    symlinked files are kept only when their target lies inside ``confine_to`` (default ``root``: a link must
+    not let a scan read files outside the folder it may read), and folders in ``exclude`` (e.g. an index
+    directory inside the image folder) are pruned.
     Extensions: jpg, jpeg, png, webp, bmp, tif, tiff, gif (case-insensitive).
     """
     root = Path(root).resolve()
+    confine = Path(confine_to).resolve() if confine_to is not None else root
     excluded = {Path(p).resolve() for p in exclude}
     out: list[FileEntry] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -51,9 +54,18 @@ def scan_folder(root: Path, exclude: tuple[Path, ...] = ()) -> list[FileEntry]:
                 continue
             if not abspath.is_file():
                 continue
+            if abspath.is_symlink() and not _inside(abspath, confine):
+                continue  # a symlinked file leading out of the scanned folder: never read it
             out.append(FileEntry(abspath.relative_to(root).as_posix(), abspath, st.st_size, st.st_mtime))
     out.sort(key=lambda e: e.path)
     return out
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve(strict=True).is_relative_to(root)
+    except (OSError, RuntimeError):  # dangling, a loop, or unreadable
+        return False
 
 
 def file_sha256(path: Path, block: int = 1 << 20) -> str:

@@ -10,7 +10,9 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 
 import regis
+from regis.images.decode import set_max_concurrent_decodes
 from service.errors import install_error_handlers
+from service.limits import JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
 from service.routes import explain, health, images, jobs, metrics, search
 from service.settings import Settings
@@ -106,13 +108,16 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    set_max_concurrent_decodes(settings.max_concurrent_decodes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(JSONTooLargeMiddleware)
     install_error_handlers(app)
+    limits = body_limits(settings)
     app.include_router(health.router)
-    app.include_router(search.router)
-    app.include_router(explain.router)
-    app.include_router(images.router)
-    app.include_router(jobs.router)
+    app.include_router(search.router, max_body_size=limits["search"])
+    app.include_router(explain.router, max_body_size=limits["search"])
+    app.include_router(images.router, max_body_size=limits["images"])
+    app.include_router(jobs.router, max_body_size=limits["default"])
     app.include_router(metrics.router)
 
     @app.get("/", include_in_schema=False)

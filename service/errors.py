@@ -31,6 +31,20 @@ def error_body(code: str, message: str, **extra) -> dict:
     return {"error": {"code": code, "message": message, **extra}}
 
 
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of a 405: the methods the OpenAPI schema documents for the request's path."""
+    import re
+
+    methods: set[str] = set()
+    for template, item in request.app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), request.url.path):
+            methods |= {m.upper() for m in item if m in _HTTP_METHODS}
+    return ", ".join(sorted(methods))
+
+
+_HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map regis and framework exceptions to JSON responses."""
 
@@ -68,9 +82,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body("invalid_request", message, details=details), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code,
+                                                                                        "http_error")
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # RFC 9110: say every method the path allows, not only the first route's
+            headers["Allow"] = allowed_methods(request)
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

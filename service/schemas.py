@@ -91,10 +91,17 @@ class Readiness(BaseModel):
     error: ErrorDetail | None = None
 
 
+# "" or "." (the root), or a path none of whose parts starts with "." (hidden folders and ".." are refused).
+VISIBLE_FOLDER = r"^\s*(?:\.\s*|(?!\.)(?![^\x00]*/\.)[^\x00]*)$"
+
+
 class IndexJobRequest(BaseModel):
     """A folder to index, relative to the service's images root ("" or "." = the root itself)."""
 
-    folder: str = Field(default="", max_length=4096, description="folder under the images root, e.g. 'cats/2024'")
+    folder: str = Field(
+        default="", max_length=4096, json_schema_extra={"pattern": VISIBLE_FOLDER},  # checked by resolve_folder
+        description="folder under the images root, e.g. 'cats/2024'; no hidden names (starting with '.'), no '..'",
+    )
 
 
 class JobList(BaseModel):

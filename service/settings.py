@@ -24,6 +24,8 @@ class Settings(BaseSettings):
         default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default (None: the index
             manifest's tuned default) and at most.
         torch_threads: torch intra-op threads (None: torch's default).
+        max_concurrent_decodes: image decodes running at once (uploads and searches); the others wait, so the
+            memory of decoding images at the pixel limit stays bounded.
 
     Jobs, uploads and live updates (docs/DEPLOY.md):
         enable_jobs: accept index jobs, uploads and deletes, and start without an index (REGIS_ENABLE_JOBS).
@@ -64,6 +66,7 @@ class Settings(BaseSettings):
     default_depth: int | None = Field(default=None, ge=1, le=4096)
     max_depth: int = Field(default=1024, ge=1, le=4096)
     torch_threads: int | None = Field(default=None, ge=1)
+    max_concurrent_decodes: int = Field(default=2, ge=1, le=64)
     # jobs, uploads and live updates
     enable_jobs: bool = False
     redis_url: RedisURL | None = None

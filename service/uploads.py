@@ -53,15 +53,17 @@ def parse_metadata(raw: str | None, n_files: int) -> list[dict]:
                                             "(one per file)")
 
 
-def check_and_stage(received: list[tuple[str, bytes]], metas: list[dict], settings, batch: str) -> list[UploadItem]:
-    """Decode-check every file, then stage them all (blocking; run it in a thread).
+def check_and_stage(received: list[tuple[str, bytes]], metas: list[dict], settings, batch: str,
+                    start: int = 0) -> list[UploadItem]:
+    """Decode-check every file, then stage them all (blocking; run it in a thread). ``start`` numbers the
+    first file in the batch (a request staged one file at a time holds one file's bytes in memory).
 
     Raises:
         APIError: 400 (not an image), 413 (over the pixel limit), 415 (a format regis does not index); the
             message names the file. Nothing is staged then.
     """
     checked = []
-    for n, (name, data) in enumerate(received):
+    for n, (name, data) in enumerate(received, start):
         label = f"file {n + 1} ({name[:100]!r})"
         try:
             decoded = decode_image(data, max_pixels=settings.max_pixels, draft_size=256)
@@ -77,7 +79,7 @@ def check_and_stage(received: list[tuple[str, bytes]], metas: list[dict], settin
     uploads_dir = settings.resolved_uploads_dir()
     items = []
     try:
-        for n, ((name, data, fmt), meta) in enumerate(zip(checked, metas, strict=True)):
+        for n, ((name, data, fmt), meta) in enumerate(zip(checked, metas, strict=True), start):
             staged, path, sha = stage_upload(uploads_dir, batch, n, data, fmt)
             items.append(UploadItem(path=path, staged=staged, sha256=sha, filename=name[:255], metadata=meta))
     except OSError:

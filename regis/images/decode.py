@@ -8,6 +8,7 @@ truncated, unrecognised and over-sized inputs (decompression bombs) with ``Image
 from __future__ import annotations
 
 import io
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,25 @@ from regis.errors import ImageDecodeError, ImageTooLargeError
 
 SUPPORTED_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
 DEFAULT_MAX_PIXELS = 64_000_000  # a 8000 x 8000 photo; beyond this we call it a decompression bomb
+DEFAULT_MAX_CONCURRENT_DECODES = 2  # decodes at once per process; each may take hundreds of MB at the limit
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # rotations by 90 degrees: width and height swap
+
+
+_decode_slots = threading.BoundedSemaphore(DEFAULT_MAX_CONCURRENT_DECODES)
+
+
+def set_max_concurrent_decodes(n: int) -> None:
+    """Bound how many ``decode_image`` calls of this process decode at once (the others wait their turn):
+    the memory of concurrent decodes of images at the pixel limit stays at ``n`` times one.
+
+    Raises:
+        ValueError: n < 1.
+    """
+    global _decode_slots
+    if n < 1:
+        raise ValueError(f"max concurrent decodes must be >= 1, got {n}")
+    _decode_slots = threading.BoundedSemaphore(n)
 
 
 @dataclass(frozen=True)
@@ -39,14 +57,45 @@ class DecodedImage:
     format: str
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
+_HIGH_DEPTH_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
+_ROWS_PER_STEP = 256  # rows rescaled at a time: a float32 work buffer of width x 256 x 4 bytes
+
+
+def _high_depth_to_l(img: Image.Image) -> Image.Image:
+    """16-bit, 32-bit integer or float image -> 8-bit "L", its [min, max] stretched to [0, 255].
+
+    Rescales a band of rows at a time in float32, so the extra memory is one uint8 copy of the image plus a
+    small work buffer (an 8000 x 8000 16-bit PNG no longer goes through 512 MB float64 arrays).
+    """
+    arr = np.asarray(img)  # uint16 / int32 / float32, as stored (no float64 copy)
+    if arr.dtype.kind == "f":
+        finite = np.isfinite(arr)
+        lo = float(arr[finite].min()) if finite.any() else 0.0
+        hi = float(arr[finite].max()) if finite.any() else 0.0
+    else:
+        lo, hi = float(arr.min()), float(arr.max())
+    out = np.zeros(arr.shape, dtype=np.uint8)
+    if hi > lo:
+        scale = np.float32(255.0 / (hi - lo))
+        for r0 in range(0, arr.shape[0], _ROWS_PER_STEP):
+            band = (arr[r0 : r0 + _ROWS_PER_STEP].astype(np.float32) - np.float32(lo)) * scale
+            out[r0 : r0 + _ROWS_PER_STEP] = np.nan_to_num(np.rint(np.clip(band, 0, 255)), nan=0.0)
+    return Image.fromarray(out, mode="L")
+
+
+def _reduce_for(img: Image.Image, draft_size: int | None) -> Image.Image:
+    """Box-reduce by the largest integer factor that keeps both sides >= ``draft_size`` (as JPEG draft does)."""
+    if not draft_size:
+        return img
+    factor = min(img.size) // draft_size
+    return img.reduce(factor) if factor >= 2 else img
+
+
+def _to_rgb(img: Image.Image, draft_size: int | None = None) -> Image.Image:
     if img.mode == "RGB":
         return img
-    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        arr = np.asarray(img, dtype=np.float64)
-        lo, hi = float(arr.min()), float(arr.max())
-        arr = (arr - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(arr)
-        return Image.fromarray(arr.astype(np.uint8)).convert("RGB")
+    if img.mode in _HIGH_DEPTH_MODES:
+        return _reduce_for(_high_depth_to_l(img), draft_size).convert("RGB")
     if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -63,7 +112,8 @@ def decode_image(
         source: the encoded bytes, or a path to read them from.
         max_pixels: refuse images with more pixels than this (width * height).
         draft_size: if given, let the JPEG decoder reduce the image by a power of two while both sides
-            stay >= this many pixels (much faster for large photos; ANCHORS.md, indexing limits).
+            stay >= this many pixels (much faster for large photos; ANCHORS.md, indexing limits); 16-bit and
+            float images are box-reduced the same way after their conversion to 8 bits.
 
     Returns:
         The decoded image and its full-resolution size.
@@ -71,6 +121,8 @@ def decode_image(
     Raises:
         ImageDecodeError: empty, unreadable, unrecognised, truncated or over-sized input. The message says
             which, and never includes the bytes.
+
+    At most ``set_max_concurrent_decodes(n)`` calls decode at once in a process (default 2).
     """
     if isinstance(source, (str, Path)):
         try:
@@ -81,6 +133,11 @@ def decode_image(
         data = source
     if len(data) == 0:
         raise ImageDecodeError("empty file (0 bytes)")
+    with _decode_slots:
+        return _decode(data, max_pixels, draft_size)
+
+
+def _decode(data: bytes, max_pixels: int, draft_size: int | None) -> DecodedImage:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -97,7 +154,7 @@ def decode_image(
                 width, height = height, width
             img.load()
             img = ImageOps.exif_transpose(img)
-            rgb = _to_rgb(img)
+            rgb = _to_rgb(img, draft_size)
     except ImageDecodeError:
         raise
     except UnidentifiedImageError as exc:

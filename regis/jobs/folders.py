@@ -11,6 +11,8 @@ from pathlib import Path, PurePosixPath
 
 from regis.errors import ConfigError
 
+NAME_MAX = 255  # bytes in one file or folder name (Linux, macOS, Windows)
+
 
 class FolderError(ConfigError):
     """A folder a job may not index.
@@ -45,14 +47,23 @@ def resolve_folder(images_root: Path | str, folder: str) -> tuple[Path, str]:
     if ".." in raw.parts:
         raise FolderError("forbidden", "folder may not contain '..'")
     candidate = Path(raw) if raw.is_absolute() else root / raw
-    resolved = candidate.resolve()  # follows every symbolic link on the way
-    if not resolved.is_relative_to(root):
-        raise FolderError("forbidden", "folder is outside the allowed images root")
-    rel = resolved.relative_to(root).as_posix() if resolved != root else ""
-    if any(part.startswith(".") for part in PurePosixPath(rel).parts):
-        raise FolderError("invalid", "hidden folders (names starting with '.') cannot be indexed")
-    if not resolved.exists():
+    if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in raw.parts):
+        # no folder can have such a name (ENAMETOOLONG from the file system otherwise)
+        raise FolderError("not_found", f"folder {folder[:64]!r}... does not exist under the images root "
+                                       f"(a name in it is longer than {NAME_MAX} bytes)")
+    try:
+        resolved = candidate.resolve()  # follows every symbolic link on the way
+        if not resolved.is_relative_to(root):
+            raise FolderError("forbidden", "folder is outside the allowed images root")
+        rel = resolved.relative_to(root).as_posix() if resolved != root else ""
+        if any(part.startswith(".") for part in PurePosixPath(rel).parts):
+            raise FolderError("invalid", "hidden folders (names starting with '.') cannot be indexed")
+        exists, is_dir = resolved.exists(), resolved.is_dir()
+    except OSError as exc:  # ENAMETOOLONG, ELOOP, EACCES...: a folder a job could not read anyway
+        raise FolderError("not_found", f"folder {folder[:64]!r} cannot be opened under the images root "
+                                       f"({exc.strerror or type(exc).__name__})") from None
+    if not exists:
         raise FolderError("not_found", f"folder {rel or '.'!r} does not exist under the images root")
-    if not resolved.is_dir():
+    if not is_dir:
         raise FolderError("invalid", f"{rel!r} is not a folder")
     return resolved, rel

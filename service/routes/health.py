@@ -14,8 +14,9 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz(request: Request) -> dict:
-    """Liveness: the process answers; says which index version is served."""
+async def healthz(request: Request) -> dict:
+    """Liveness: the process answers; says which index version is served. Runs on the event loop (no
+    blocking call in it), so busy worker threads never delay the container's healthcheck."""
     live = get_live(request)
     engine = live.engine if live is not None else None
     if engine is None:

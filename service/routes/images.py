@@ -20,6 +20,7 @@ from service.deps import get_engine, get_jobs, get_live, get_settings
 from service.errors import APIError
 from service.jobs import await_job
 from service.live import LiveIndex
+from service.params import ImageId
 from service.routes.search import read_upload
 from service.schemas import DeleteResponse, ErrorResponse, ImageInfo, UploadResponse
 from service.settings import Settings
@@ -36,7 +37,7 @@ def _record(engine: QueryEngine, image_id: int):
 
 
 @router.get("/{image_id}", response_model=ImageInfo, responses={404: {"model": ErrorResponse}})
-def image_info(image_id: int, engine: Annotated[QueryEngine, Depends(get_engine)]) -> dict:
+def image_info(image_id: ImageId, engine: Annotated[QueryEngine, Depends(get_engine)]) -> dict:
     """The table row of an indexed image."""
     snapshot, rec = _record(engine, image_id)
     return {**rec.__dict__, "index_version": snapshot.version}
@@ -44,7 +45,7 @@ def image_info(image_id: int, engine: Annotated[QueryEngine, Depends(get_engine)
 
 @router.get("/{image_id}/file", responses={404: {"model": ErrorResponse}, 200: {"content": {"image/*": {}}}})
 def image_file(
-    image_id: int,
+    image_id: ImageId,
     engine: Annotated[QueryEngine, Depends(get_engine)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> FileResponse:
@@ -87,7 +88,8 @@ _WRITE_ERRORS = {code: {"model": ErrorResponse} for code in (400, 403, 404, 409,
 async def upload_images(
     request: Request,
     response: Response,
-    files: Annotated[list[UploadFile], File(description="one or more images (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
+    files: Annotated[list[UploadFile], File(min_length=1, description="one or more images (JPEG, PNG, WebP, BMP, "
+                                                                     "TIFF, GIF)")],
     queue: Annotated[JobQueue, Depends(get_jobs)],
     settings: Annotated[Settings, Depends(get_settings)],
     live: Annotated[LiveIndex, Depends(get_live)],
@@ -102,10 +104,16 @@ async def upload_images(
     if len(files) > settings.max_upload_files:
         raise APIError(413, "too_many_files", f"at most {settings.max_upload_files} files per request")
     metas = uploads.parse_metadata(metadata, len(files))
-    received = [(f.filename or f"file {n + 1}", await read_upload(f, settings.max_upload_bytes))
-                for n, f in enumerate(files)]
     job_id = new_job_id()
-    items = await run_in_threadpool(uploads.check_and_stage, received, metas, settings, job_id)
+    items = []
+    try:  # one file in memory at a time: read, decode-check, stage
+        for n, (f, meta) in enumerate(zip(files, metas, strict=True)):
+            received = [(f.filename or f"file {n + 1}", await read_upload(f, settings.max_upload_bytes))]
+            items += await run_in_threadpool(uploads.check_and_stage, received, [meta], settings, job_id, n)
+            del received
+    except BaseException:
+        uploads.discard_staged(settings, job_id)
+        raise
     try:
         info = await run_in_threadpool(queue.submit, JobSpec(kind="add", uploads=items), job_id)
     except BaseException:
@@ -126,7 +134,7 @@ async def upload_images(
 @router.delete("/{image_id}", response_model=DeleteResponse, responses={202: {"model": DeleteResponse},
                                                                       **_WRITE_ERRORS})
 async def delete_image(
-    image_id: int,
+    image_id: ImageId,
     response: Response,
     queue: Annotated[JobQueue, Depends(get_jobs)],
     engine: Annotated[QueryEngine, Depends(get_engine)],

@@ -19,8 +19,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 _FOLDER_STATUS = {"forbidden": (403, "folder_forbidden"), "not_found": (404, "folder_not_found"),
                   "invalid": (422, "invalid_folder")}
-_ERRORS = {403: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 422: {"model": ErrorResponse},
-           503: {"model": ErrorResponse}}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 403, 404, 422, 503)}
 
 
 @router.post("/index", response_model=JobInfo, status_code=202, responses=_ERRORS)
