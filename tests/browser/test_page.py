@@ -1,0 +1,152 @@
+"""The search page at / in a real browser (Debian's chromium, headless, driven by Playwright) against a real
+``regis serve`` on loopback over the bundled photos and the offline backbone.
+
+Set ``REGIS_SCREENSHOT_DIR`` to also save the explanation screenshot there (the README's docs/img/explain.png
+comes from ``REGIS_SCREENSHOT_DIR=docs/img pytest tests/browser/test_page.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(lite0_index, tmp_path_factory):
+    """``regis serve`` over the photos' index on a free loopback port; stopped after the module."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "regis", "serve", "--index", str(lite0_index), "--port", str(port),
+             "--log-level", "warning"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "REGIS_TORCH_THREADS": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"regis serve did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture()
+def query_file(photos_dir, tmp_path) -> Path:
+    """A partial view of chelsea the cat: the left two thirds of the photo, downscaled, JPEG q70."""
+    img = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB")
+    w, h = img.size
+    crop = img.crop((0, 0, int(w * 0.62), h)).resize((int(w * 0.62 * 0.8), int(h * 0.8)), Image.BICUBIC)
+    buf = io.BytesIO()
+    crop.save(buf, format="JPEG", quality=70)
+    path = tmp_path / "cat-query.jpg"
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def _first_name(page) -> str:
+    return page.locator("#results .tile .name").first.get_attribute("title")
+
+
+def test_search_explain_more_like_this_and_errors(browser, server, query_file, tmp_path):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(server)
+        page.wait_for_function("document.getElementById('status').textContent.includes('Index version')")
+        page.set_input_files("#file", str(query_file))
+        page.wait_for_selector("#results .tile")
+        assert _first_name(page) == "skimage-chelsea.png"
+        assert page.locator("#results .tile").count() == 12  # one page of the 21 photos
+        first_score = page.locator("#results .tile .scoreline .num").nth(1).text_content()
+        assert first_score.endswith("%") and 0 < int(first_score[:-1]) <= 100
+
+        # the explanation: ROI boxes on both images, one colour per query token
+        page.locator("#results .tile button.why").first.click()
+        page.wait_for_selector("#detail[open]")
+        page.wait_for_function("document.getElementById('rImg').complete && document.getElementById('qImg').complete")
+        assert page.locator("#qSvg rect.box").count() == 5  # the query's 5 ROI tokens
+        assert page.locator("#rSvg rect.box").count() >= 1
+        assert page.locator("#matchRows tr").count() == 10
+        shot = tmp_path / "explain.png"
+        page.locator("#detail").screenshot(path=str(shot))
+        if os.environ.get("REGIS_SCREENSHOT_DIR"):
+            shutil.copy(shot, Path(os.environ["REGIS_SCREENSHOT_DIR"]) / "explain.png")
+
+        # the heatmap of one ROI token over the result's 7 x 7 patches
+        page.locator("#matchRows tr").nth(5).locator("button.heat").click()
+        page.wait_for_selector("#rSvg g.heatmap rect")
+        assert page.locator("#rSvg g.heatmap rect").count() == 49
+
+        # more like this: the result becomes the query, and finds itself first at 100 %
+        page.click("#detailMore")
+        page.wait_for_function("!document.getElementById('detail').open")
+        page.wait_for_function(
+            "document.querySelector('#results .tile .scoreline .num:nth-child(3)')?.textContent === '100%'")
+        assert _first_name(page) == "skimage-chelsea.png"
+
+        # paging: the next page starts at rank 13 (ANN mode ranks the candidates only, so it may be short)
+        page.click("#next")
+        page.wait_for_function("document.querySelector('#results .tile strong')?.textContent === '#13'")
+        assert 1 <= page.locator("#results .tile").count() <= 12
+        page.click("#prev")
+        page.wait_for_function("document.querySelector('#results .tile strong')?.textContent === '#1'")
+
+        # a file that is not an image: an error in words, and the page keeps working
+        page.set_input_files("#file", files=[{"name": "notes.txt", "mimeType": "text/plain",
+                                              "buffer": b"these are not pixels"}])
+        page.wait_for_selector("#error:not([hidden])")
+        assert "not an image" in page.text_content("#error")
+        page.set_input_files("#file", str(query_file))
+        page.wait_for_selector("#error", state="hidden")
+        page.wait_for_selector("#results .tile")
+        assert _first_name(page) == "skimage-chelsea.png"
+    finally:
+        page.close()
+
+
+def test_phone_sized_window(browser, server, query_file):
+    page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+    try:
+        page.goto(server)
+        page.set_input_files("#file", str(query_file))
+        page.wait_for_selector("#results .tile")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling
+        page.locator("#results .tile button.open").first.click()
+        page.wait_for_selector("#detail[open]")
+        q, r = page.locator("#qStage").bounding_box(), page.locator("#rStage").bounding_box()
+        assert r["y"] >= q["y"] + q["height"] - 1  # the two images stack
+        assert q["x"] + q["width"] <= 391 and r["x"] + r["width"] <= 391
+    finally:
+        page.close()
