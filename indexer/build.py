@@ -22,7 +22,7 @@ from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from regis.errors import ConfigError
 from regis.images.decode import DEFAULT_MAX_PIXELS
 from regis.indexes.table import ImageRecord
-from regis.indexes.uploads import is_upload_path
+from regis.indexes.uploads import UPLOADS_PREFIX, is_upload_path
 from regis.indexes.writer import IndexWriter
 from regis.models.encoder import RegisEncoder
 from regis.models.transforms import eval_transform
@@ -49,6 +49,9 @@ class BuildOptions:
             that folder: images of other folders under the root stay as they are.
         token_store: what the ANN rerank reads: "float16" or a FAISS codec spec ("PQ96"); None keeps the index's.
         depth: default candidate depth k' stored in the manifest; None: the tuned default for the FAISS spec.
+        replace: the folder replaces everything the index holds from folders (the behaviour before
+            collections; uploads are kept). Default: a build adds, updates and deletes only below its own
+            folder, and the index's root widens to the common parent folder when another folder is added.
     """
 
     batch_size: int = 32
@@ -63,6 +66,7 @@ class BuildOptions:
     images_root: Path | str | None = None
     token_store: str | None = None
     depth: int | None = None
+    replace: bool = False
 
 
 @dataclass
@@ -194,15 +198,42 @@ def _embed(
     return failed_ids
 
 
-def _managed_records(writer: IndexWriter, images_root: str, scope: str) -> dict[str, ImageRecord]:
+def _managed_records(writer: IndexWriter, images_root: str, scope: str, replace: bool,
+                     rebased: bool) -> dict[str, ImageRecord]:
     """The table rows this build compares its scan with: never uploads; with a scope, only rows below it
-    (unless the index's images root changed, when every old folder path is stale)."""
-    root_changed = writer.base is not None and writer.base.images_root not in (None, images_root)
+    (unless ``replace``, or the index's images root changed to an unrelated folder, when every old folder
+    path is stale)."""
+    moved = not rebased and writer.base is not None and writer.base.images_root not in (None, images_root)
+    root_changed = replace or moved
     prefix = f"{scope}/" if scope else ""
     return {
         path: rec for path, rec in writer.table.by_path().items()
         if not is_upload_path(path) and (root_changed or path.startswith(prefix))
     }
+
+
+def _indexed_root(index_dir: Path) -> Path | None:
+    """The images root recorded in the live version's manifest (None: no index, or only uploads)."""
+    from regis.indexes.layout import VERSIONS_DIR, read_current
+    from regis.indexes.manifest import read_manifest
+
+    current = read_current(index_dir) if index_dir.is_dir() else None
+    if current is None:
+        return None
+    root = read_manifest(index_dir / VERSIONS_DIR / current).images_root
+    return Path(root) if root else None
+
+
+def _rebase(writer: IndexWriter, old_root: Path | None, base: Path) -> bool:
+    """When the index's root widens from ``old_root`` to its parent ``base``, prefix the folder paths of the
+    table with ``old_root``'s place under ``base`` (ids, tokens and uploads unchanged) so that they still name
+    the same files. Returns True when it did."""
+    if old_root is None or old_root == base or not old_root.is_relative_to(base):
+        return False
+    if writer.base is None or writer.base.images_root != str(old_root):
+        return False  # the index changed since we looked: the build treats the old paths as another root's
+    writer.prefix_paths(old_root.relative_to(base).as_posix() + "/", exclude_prefix=UPLOADS_PREFIX)
+    return True
 
 
 def build_index(
@@ -236,23 +267,30 @@ def build_index(
     root = Path(images_dir).expanduser().resolve()
     if not root.is_dir():
         raise ConfigError(f"image folder {root} does not exist or is not a directory")
-    base = Path(options.images_root).expanduser().resolve() if options.images_root else root
+    index_path = Path(index_dir).expanduser().resolve()
+    old_root = None if options.replace else _indexed_root(index_path)
+    if options.images_root:
+        base = Path(options.images_root).expanduser().resolve()
+    elif old_root is not None:  # another folder joins the index: paths become relative to the common parent
+        base = Path(os.path.commonpath([old_root, root]))
+    else:
+        base = root
     if not root.is_relative_to(base):
         raise ConfigError(f"image folder {root} is not inside the images root {base}")
     scope = root.relative_to(base).as_posix() if root != base else ""
     if any(part.startswith(".") for part in Path(scope).parts):
         raise ConfigError(f"image folder {root} is hidden (a name starts with '.'); scans skip hidden folders")
-    index_path = Path(index_dir).expanduser().resolve()
     t_total = time.perf_counter()
     report = BuildReport(images_root=str(base), index_dir=str(index_path))
     with IndexWriter(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
                      nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s,
                      token_store=options.token_store, depth=options.depth) as writer:
         t0 = time.perf_counter()
+        rebased = _rebase(writer, old_root, base)
         entries = scan_folder(root, exclude=(index_path,), confine_to=base)
         if scope:
             entries = [FileEntry(f"{scope}/{e.path}", e.abspath, e.bytes, e.mtime) for e in entries]
-        plan = plan_changes(entries, _managed_records(writer, str(base), scope))
+        plan = plan_changes(entries, _managed_records(writer, str(base), scope, options.replace, rebased))
         changed, touched = _split_modified(plan.modified)
         report.scan_s = time.perf_counter() - t0
         report.scanned = len(entries)

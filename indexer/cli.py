@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import Backbone, CueMethod, Device, RandomInit, RoiSize, Weights
+from regis.cli.options import Backbone, CollectionsRootOpt, CueMethod, Device, RandomInit, RoiSize, Weights
 
 app = typer.Typer(help="Build and inspect indexes.", no_args_is_help=True)
 
@@ -16,7 +16,19 @@ app = typer.Typer(help="Build and inspect indexes.", no_args_is_help=True)
 @app.command("build")
 def build(
     images_dir: Annotated[Path, typer.Argument(help="Folder of images (walked recursively).")],
-    index: Annotated[Path, typer.Option("--index", "-i", help="Index directory (created or updated).")],
+    index: Annotated[
+        Path | None, typer.Option("--index", "-i", help="Index directory (created or updated).")
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option("--collection", "-c", help="Collection to build into (created if missing), "
+                                                            "under --root / REGIS_COLLECTIONS_ROOT.")
+    ] = None,
+    root: CollectionsRootOpt = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", "--prune", help="The folder replaces every folder indexed before (their "
+                                                       "images are deleted; uploads stay). Default: only images "
+                                                       "below this folder are added, updated or deleted.")
+    ] = False,
     backbone: Backbone = None,
     weights: Weights = None,
     random_init: RandomInit = False,
@@ -39,14 +51,27 @@ def build(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the build report as JSON.")] = False,
 ) -> None:
-    """Index a folder, or update an index incrementally: new and changed files are embedded, deleted ones
-    removed; ids stay stable. Unreadable files are skipped and listed."""
+    """Index a folder, or update an index incrementally: new and changed files are embedded, files gone from
+    the folder removed; ids stay stable. Images of other folders in the same index or collection stay (use
+    --replace for a build that replaces them). Unreadable files are skipped and listed."""
     from indexer.build import BuildOptions, build_index
-    from regis.cli.options import encoder_for
+    from regis.cli.options import collections_root, encoder_for, index_dir_for
 
+    index = index_dir_for(index, collection, root)
+    if collection is not None:
+        from regis.indexes.collections import CollectionConfig
+
+        collections = collections_root(root)
+        if not collections.exists(collection):
+            collections.create(collection, CollectionConfig(backbone=backbone, random_init=random_init,
+                                                            weights=str(weights) if weights else None))
+        elif backbone is None and weights is None and not random_init:  # the collection's own encoder
+            config = collections.config(collection)
+            backbone, random_init = config.backbone, config.random_init
+            weights = Path(config.weights) if config.weights else None
     encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
-                           progress=progress, depth=depth, token_store=token_store)
+                           progress=progress, depth=depth, token_store=token_store, replace=replace)
     report = build_index(images_dir, index, encoder, options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))

@@ -21,7 +21,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from regis.errors import IndexLockedError, RegisError
+from regis.errors import ConfigError, IndexLockedError, RegisError
 from regis.jobs.model import JobError, JobSpec, error_code
 from regis.jobs.names import DEFAULT_PREFIX, RedisNames
 from regis.settings_types import RedisPrefix, RedisURL, TorchDevice
@@ -49,6 +49,9 @@ class WorkerSettings(BaseSettings):
         job_monitoring_interval_s: heartbeat period while a job runs, seconds.
         heartbeat_grace_s: a running job whose heartbeat is this late counts as abandoned, seconds.
         maintenance_interval_s: how often the worker looks for abandoned jobs, seconds.
+        collections_root: the folder holding the deployment's collections (jobs naming a collection other
+            than ``default_collection`` write there; ``regis.indexes.collections``).
+        default_collection: the name of ``index_dir`` as a collection.
     """
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
@@ -69,6 +72,8 @@ class WorkerSettings(BaseSettings):
     job_monitoring_interval_s: int = Field(default=5, ge=1, le=600)
     heartbeat_grace_s: int = Field(default=30, ge=1, le=3600)
     maintenance_interval_s: int = Field(default=30, ge=1, le=3600)
+    collections_root: Path | None = None
+    default_collection: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
     def resolved_uploads_dir(self) -> Path:
         """The uploads folder, default applied."""
@@ -91,6 +96,22 @@ def _encoder(settings: WorkerSettings):
     set_torch_threads(settings.torch_threads)
     return encoder_for(settings.index_dir, settings.backbone, settings.weights, settings.random_init, None, None,
                        settings.device)
+
+
+def _collection_settings(settings: WorkerSettings, collection: str | None) -> WorkerSettings:
+    """The settings of a job for ``collection`` (its index directory, uploads folder and encoder).
+
+    Raises:
+        ConfigError: no collections root is configured.
+        CollectionNotFoundError: no such collection.
+    """
+    if collection is None or collection == settings.default_collection:
+        return settings
+    if settings.collections_root is None:
+        raise ConfigError(f"job for collection {collection!r}, but this worker has no REGIS_COLLECTIONS_ROOT")
+    from regis.indexes.collections import CollectionsRoot
+
+    return settings.model_copy(update=CollectionsRoot(settings.collections_root).overrides(collection))
 
 
 def perform_job(spec: dict) -> dict:
@@ -118,6 +139,10 @@ def perform_job(spec: dict) -> dict:
         parsed = JobSpec.model_validate(spec)
     except ValidationError as exc:
         return reporter.refuse(JobError(code="invalid_job", message=f"invalid job: {exc.error_count()} errors"))
+    try:
+        settings = _collection_settings(settings, parsed.collection)
+    except RegisError as exc:
+        return reporter.refuse(JobError(code="invalid_job", message=str(exc)))
     ctx = JobContext(
         index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
         encoder=lambda: _encoder(settings), batch_size=settings.build_batch_size,

@@ -6,18 +6,20 @@ import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 
 import regis
 from regis.images.decode import set_max_concurrent_decodes
+from service.deps import collection_path
 from service.errors import install_error_handlers
 from service.limits import JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
-from service.routes import explain, health, images, jobs, metrics, search
+from service.routes import collections, explain, health, images, jobs, metrics, search
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
+COLLECTION_PREFIX = "/v1/collections/{collection}"
 log = logging.getLogger("regis.service")
 
 
@@ -37,6 +39,7 @@ def load_engine(settings: Settings):
 def _start(app: FastAPI, settings: Settings) -> None:
     """Lifespan start: the live index, the job queue, the cache and the index watcher."""
     from regis.jobs.names import RedisNames
+    from service.collections import CollectionRegistry
     from service.jobs import make_job_queue
     from service.live import IndexWatcher, LiveIndex
 
@@ -51,6 +54,8 @@ def _start(app: FastAPI, settings: Settings) -> None:
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
         app.state.jobs = make_job_queue(settings, live)
+    app.state.collections = CollectionRegistry(settings, live, app.state.jobs,
+                                               on_swap=lambda name, version: on_swap(version))
     if settings.redis_url and settings.cache_ttl_s > 0:
         from regis.jobs.cache import QueryCache
         from regis.jobs.rq_queue import redis_connection
@@ -61,14 +66,15 @@ def _start(app: FastAPI, settings: Settings) -> None:
         from service.batched import BatchedSearch
 
         app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms)
-    app.state.watcher = IndexWatcher(live, settings.index_poll_s, settings.redis_url, names.index_updates).start()
+    app.state.watcher = IndexWatcher(app.state.collections, settings.index_poll_s, settings.redis_url,
+                                     names.index_updates).start()
 
 
 def _stop(app: FastAPI) -> None:
     batched = getattr(app.state, "batched", None)
     if batched is not None:
         batched.close()
-    for name in ("watcher", "jobs"):
+    for name in ("watcher", "collections", "jobs"):
         component = getattr(app.state, name, None)
         if component is not None:
             try:
@@ -93,6 +99,7 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI):
         app.state.settings = settings
         app.state.live = app.state.jobs = app.state.cache = app.state.watcher = app.state.batched = None
+        app.state.collections = None
         try:
             if load:
                 _start(app, settings)
@@ -114,10 +121,12 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     install_error_handlers(app)
     limits = body_limits(settings)
     app.include_router(health.router)
-    app.include_router(search.router, max_body_size=limits["search"])
-    app.include_router(explain.router, max_body_size=limits["search"])
-    app.include_router(images.router, max_body_size=limits["images"])
-    app.include_router(jobs.router, max_body_size=limits["default"])
+    app.include_router(collections.router, max_body_size=limits["default"])
+    # every collection's routes, and the default collection's (the routes without /collections/{collection})
+    for routes, limit in ((search, "search"), (explain, "search"), (images, "images"), (jobs, "default")):
+        app.include_router(routes.router, prefix="/v1", max_body_size=limits[limit])
+        app.include_router(routes.router, prefix=COLLECTION_PREFIX, dependencies=[Depends(collection_path)],
+                           max_body_size=limits[limit])
     app.include_router(metrics.router)
 
     @app.get("/", include_in_schema=False)

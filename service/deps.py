@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import Request
+from typing import Annotated
 
+from fastapi import Path, Request
+
+from regis.indexes.collections import NAME_PATTERN
 from regis.jobs.cache import QueryCache
 from regis.jobs.queue import JobQueue
 from regis.retrieve.query import QueryEngine
@@ -18,9 +21,36 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+def collection_path(
+    collection: Annotated[str, Path(pattern=NAME_PATTERN, max_length=63,
+                                    description="collection name (GET /v1/collections lists them)")],
+) -> str:
+    """The ``{collection}`` path parameter of the routes under ``/v1/collections/{collection}`` (declared once
+    here, for validation and the OpenAPI page)."""
+    return collection
+
+
+def get_collection_name(request: Request) -> str | None:
+    """The collection a request is for: its ``{collection}`` path parameter, None on the default routes."""
+    return request.path_params.get("collection")
+
+
+def get_registry(request: Request):
+    """The service's ``CollectionRegistry`` (None when the app was created with ``load=False``)."""
+    return getattr(request.app.state, "collections", None)
+
+
 def get_live(request: Request) -> LiveIndex | None:
-    """The live index holder (None when the app was created with ``load=False``)."""
-    return getattr(request.app.state, "live", None)
+    """The live index holder of the request's collection (None when the app was created with ``load=False``).
+
+    Raises:
+        APIError: 404 for an unknown collection.
+    """
+    name = get_collection_name(request)
+    registry = get_registry(request)
+    if name is None or registry is None or name == registry.default_name:
+        return getattr(request.app.state, "live", None)
+    return registry.live(name)
 
 
 def get_engine(request: Request) -> QueryEngine:
@@ -44,6 +74,10 @@ def get_jobs(request: Request) -> JobQueue:
     Raises:
         APIError: 403 when this service does not take jobs (``REGIS_ENABLE_JOBS`` is off).
     """
+    name = get_collection_name(request)
+    registry = get_registry(request)
+    if name is not None and registry is not None and name != registry.default_name:
+        return registry.jobs(name)
     queue = getattr(request.app.state, "jobs", None)
     if queue is None:
         raise APIError(403, "jobs_disabled", "this service is read-only: set REGIS_ENABLE_JOBS=true to index "

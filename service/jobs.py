@@ -7,20 +7,46 @@ import time
 
 from starlette.concurrency import run_in_threadpool
 
-from regis.jobs.model import JobInfo
+from regis.jobs.model import JobInfo, JobSpec
 from regis.jobs.names import RedisNames
 from regis.jobs.queue import JobQueue
 from service.live import LiveIndex
 
 
-def make_job_queue(settings, live: LiveIndex) -> JobQueue:
+class CollectionJobQueue(JobQueue):
+    """A shared (Redis) queue seen from one collection: the jobs it submits name the collection, so the worker
+    writes that collection's index."""
+
+    def __init__(self, queue: JobQueue, collection: str):
+        self.queue = queue
+        self.collection = collection
+        self.backend = queue.backend
+
+    def submit(self, spec: JobSpec, job_id: str | None = None) -> JobInfo:
+        return self.queue.submit(spec.model_copy(update={"collection": self.collection}), job_id)
+
+    def get(self, job_id: str) -> JobInfo | None:
+        return self.queue.get(job_id)
+
+    def list(self, limit: int = 20) -> list[JobInfo]:
+        return self.queue.list(limit)
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+def make_job_queue(settings, live: LiveIndex, collection: str | None = None) -> JobQueue:
     """The Redis queue when ``settings.redis_url`` is set, else the embedded one (jobs run in this process,
-    through the indexer's public ``execute_job``, and the new version is swapped in right after)."""
+    through the indexer's public ``execute_job``, and the new version is swapped in right after).
+
+    ``collection``: a collection other than the default one (``settings`` are then that collection's, see
+    ``service.collections``); its Redis jobs carry its name for the worker."""
     if settings.redis_url:
         from regis.jobs.rq_queue import RedisJobQueue
 
-        return RedisJobQueue(settings.redis_url, RedisNames(settings.redis_prefix), retries=settings.job_retries,
-                             job_timeout_s=settings.job_timeout_s)
+        queue = RedisJobQueue(settings.redis_url, RedisNames(settings.redis_prefix), retries=settings.job_retries,
+                              job_timeout_s=settings.job_timeout_s)
+        return CollectionJobQueue(queue, collection) if collection else queue
     from indexer import JobContext, execute_job
     from regis.jobs.queue import LocalJobQueue
 

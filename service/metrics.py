@@ -41,6 +41,17 @@ class Metrics:
             self.search_stage.labels(stage=stage).observe(float(ms) / 1e3)
 
 
+def route_template(scope) -> str:
+    """The matched route's path template (``/v1/collections/{collection}/images/{image_id}``), "unmatched" if
+    none. FastAPI >= 0.16x keeps included routers unexpanded (``scope["route"]`` is the router's own route,
+    without the include prefix); its effective route context then holds the full path."""
+    effective = (scope.get("fastapi") or {}).get("effective_route_context")
+    path = getattr(effective, "path", None)
+    if path:
+        return path
+    return getattr(scope.get("route"), "path", None) or "unmatched"
+
+
 class MetricsMiddleware:
     """ASGI middleware counting requests and timing them per route template."""
 
@@ -63,8 +74,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = route_template(scope)
             method = scope.get("method", "GET")
             self.metrics.latency.labels(method=method, route=template).observe(time.perf_counter() - t0)
             self.metrics.requests.labels(method=method, route=template, status=str(status["code"])).inc()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from regis.jobs.model import JobInfo
 from service.schemas_explain import Explanation, QueryTokens
@@ -137,3 +137,34 @@ class DeleteResponse(BaseModel):
     state: str
     deleted: bool
     index_version: int | None
+
+
+class CollectionCreate(BaseModel):
+    """A new collection: its name and the encoder it embeds with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="a-z, 0-9, '_', '-'; 1-63 characters")
+    backbone: str | None = Field(default=None, max_length=100,
+                                 description="registered backbone (GET /docs: regis backbones); default "
+                                             "efficientnet-lite0")
+    random_init: bool = Field(default=False, description="random weights (tests only)")
+    description: str = Field(default="", max_length=1000)
+
+
+class CollectionInfo(BaseModel):
+    """A collection as the service sees it."""
+
+    name: str
+    default: bool = Field(description="the collection the routes without /collections/{name} answer for")
+    loaded: bool = Field(description="its index is open in this service")
+    index_version: int | None
+    images: int
+    backbone: str | None
+    config: dict = Field(default_factory=dict)
+
+
+class CollectionList(BaseModel):
+    """Every collection of the deployment."""
+
+    collections: list[CollectionInfo]

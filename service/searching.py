@@ -35,7 +35,7 @@ async def run_search(request: Request, response: Response, engine: QueryEngine, 
         return result
     t0 = time.perf_counter()
     sha = hashlib.sha256(data).hexdigest()
-    pkey = params_key(**params)
+    pkey = params_key(**params, index=str(engine.snapshot.index_dir))  # one cache per collection
     hit, failed = await run_in_threadpool(cache.get, engine.snapshot.version, sha, pkey)
     if hit is not None:
         metrics.cache.labels(result="hit").inc()

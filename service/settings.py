@@ -14,7 +14,11 @@ class Settings(BaseSettings):
     """Configuration of the regis service.
 
     Attributes:
-        index_dir: the index to serve (REGIS_INDEX_DIR).
+        index_dir: the index to serve (REGIS_INDEX_DIR): the default collection (default:
+            ``collections_root/default_collection``).
+        collections_root: the folder holding the named collections (REGIS_COLLECTIONS_ROOT; None: one index,
+            no ``/v1/collections`` besides the default one). ``regis.indexes.collections``.
+        default_collection: the name the routes without ``/collections/{name}`` answer for.
         weights: weights path overriding the index manifest's file source (same checksum required).
         device: torch device for encoding and rerank.
         images_root: folder the index's relative paths resolve against (default: the manifest's).
@@ -55,7 +59,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
 
-    index_dir: Path
+    index_dir: Path | None = None  # filled in from collections_root when not given (never None after validation)
+    collections_root: Path | None = None
+    default_collection: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     weights: Path | None = None
     device: TorchDevice = "cpu"
     images_root: Path | None = None
@@ -99,6 +105,14 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_redis_url(cls, v: object) -> object:
         return v or None  # REGIS_REDIS_URL= (empty) means no Redis
+
+    @model_validator(mode="after")
+    def _default_index(self) -> Settings:
+        if self.index_dir is None:
+            if self.collections_root is None:
+                raise ValueError("set index_dir (REGIS_INDEX_DIR) or collections_root (REGIS_COLLECTIONS_ROOT)")
+            self.index_dir = self.collections_root / self.default_collection
+        return self
 
     @model_validator(mode="after")
     def _encoder_choice(self) -> Settings:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from indexer.cli import app as index_app
 from indexer.cli import worker
+from regis.cli.collections import app as collections_app
 from regis.cli.options import Device, Weights
 from regis.errors import RegisError
 from service.cli import serve
@@ -27,6 +28,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(index_app, name="index")
+app.add_typer(collections_app, name="collections")
 app.command("serve")(serve)
 app.command("worker")(worker)
 register_training(app)

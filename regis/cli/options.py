@@ -22,6 +22,41 @@ CueMethod = Annotated[
     str | None, typer.Option("--cue-method", help="CNN backbones: grid (default), kmeans or attention.")
 ]
 Device = Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:1 ...")]
+CollectionsRootOpt = Annotated[
+    Path | None,
+    typer.Option("--root", envvar="REGIS_COLLECTIONS_ROOT",
+                 help="Folder holding the collections (env REGIS_COLLECTIONS_ROOT)."),
+]
+
+
+def collections_root(root: Path | None):
+    """The ``CollectionsRoot`` of ``--root`` / REGIS_COLLECTIONS_ROOT.
+
+    Raises:
+        ConfigError: neither is given.
+    """
+    from regis.errors import ConfigError
+    from regis.indexes.collections import CollectionsRoot
+
+    if root is None:
+        raise ConfigError("no collections root: pass --root DIR or set REGIS_COLLECTIONS_ROOT")
+    return CollectionsRoot(root)
+
+
+def index_dir_for(index: Path | None, collection: str | None, root: Path | None) -> Path:
+    """The index directory a command works on: ``--index DIR``, or collection ``--collection NAME`` under the
+    collections root.
+
+    Raises:
+        ConfigError: both or neither given, no root for a collection, an invalid collection name.
+    """
+    from regis.errors import ConfigError
+
+    if (index is None) == (collection is None):
+        raise ConfigError("give either --index DIR or --collection NAME (with --root or REGIS_COLLECTIONS_ROOT)")
+    if index is not None:
+        return index
+    return collections_root(root).path(collection)
 
 
 def encoder_for(

@@ -130,6 +130,18 @@ class ImageTable:
                 [r.to_row() for r in records],
             )
 
+    def prefix_paths(self, prefix: str, exclude_prefix: str) -> int:
+        """Prepend ``prefix`` to every path not starting with ``exclude_prefix`` (writable tables only);
+        returns the rows changed. Two statements, so that UNIQUE(path) never sees a transient clash."""
+        marker = "\x01"
+        where = "substr(path, 1, ?) != ?"
+        with self._lock:
+            cur = self._conn.execute(f"UPDATE images SET path = ? || path WHERE {where}",
+                                     (marker, len(exclude_prefix), exclude_prefix))
+            self._conn.execute("UPDATE images SET path = ? || substr(path, 2) WHERE substr(path, 1, 1) = ?",
+                               (prefix, marker))
+            return cur.rowcount
+
     def delete(self, ids: Iterable[int]) -> None:
         """Delete rows by id (writable tables only)."""
         with self._lock:

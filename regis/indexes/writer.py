@@ -291,6 +291,12 @@ class IndexWriter:
             self.table.upsert(records)
             self._changed = True
 
+    def prefix_paths(self, prefix: str, exclude_prefix: str) -> None:
+        """Put ``prefix`` before every table path that does not start with ``exclude_prefix`` (the index's
+        images root moved up to a parent folder; ids and tokens stay)."""
+        if self.table.prefix_paths(prefix, exclude_prefix):
+            self._changed = True
+
     def delete(self, ids) -> None:
         """Remove images by id; unknown or already-deleted ids are ignored."""
         live = [int(i) for i in ids if self.is_live(int(i))]

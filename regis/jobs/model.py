@@ -47,6 +47,7 @@ class JobSpec(BaseModel):
         folder: ``index``: the folder, relative to the images root ("" = the root itself).
         uploads: ``add``: the staged images.
         ids: ``delete``: image ids.
+        collection: the collection the job writes (None: the deployment's default collection).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -55,6 +56,7 @@ class JobSpec(BaseModel):
     folder: str | None = None
     uploads: list[UploadItem] = Field(default_factory=list)
     ids: list[int] = Field(default_factory=list)
+    collection: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> JobSpec:
@@ -68,11 +70,12 @@ class JobSpec(BaseModel):
 
     def params(self) -> dict:
         """A short, client-facing summary of the job's parameters."""
+        where = {"collection": self.collection} if self.collection else {}
         if self.kind == "index":
-            return {"folder": self.folder}
+            return {"folder": self.folder, **where}
         if self.kind == "add":
-            return {"images": len(self.uploads)}
-        return {"ids": self.ids[:100]}
+            return {"images": len(self.uploads), **where}
+        return {"ids": self.ids[:100], **where}
 
 
 class JobProgress(BaseModel):

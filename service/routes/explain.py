@@ -17,7 +17,7 @@ from service.schemas import ErrorResponse
 from service.schemas_explain import PairExplanation
 from service.settings import Settings
 
-router = APIRouter(prefix="/v1", tags=["search"])
+router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{collection} (service.app)
 
 
 def _explain(engine: QueryEngine, settings: Settings, query: bytes, image_id: int) -> dict:

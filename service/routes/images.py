@@ -25,7 +25,7 @@ from service.routes.search import read_upload
 from service.schemas import DeleteResponse, ErrorResponse, ImageInfo, UploadResponse
 from service.settings import Settings
 
-router = APIRouter(prefix="/v1/images", tags=["images"])
+router = APIRouter(prefix="/images", tags=["images"])  # under /v1 and /v1/collections/{collection}
 
 
 def _record(engine: QueryEngine, image_id: int):

@@ -15,7 +15,7 @@ from service.errors import APIError
 from service.schemas import ErrorResponse, IndexJobRequest, JobList
 from service.settings import Settings
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"])  # under /v1 and /v1/collections/{collection}
 
 _FOLDER_STATUS = {"forbidden": (403, "folder_forbidden"), "not_found": (404, "folder_not_found"),
                   "invalid": (422, "invalid_folder")}

@@ -14,7 +14,7 @@ from service.schemas import ErrorResponse, SearchResponse
 from service.searching import run_search
 from service.settings import Settings
 
-router = APIRouter(prefix="/v1", tags=["search"])
+router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{collection} (service.app)
 
 
 async def read_upload(file: UploadFile, limit: int) -> bytes:

@@ -84,10 +84,14 @@ def test_a_folder_build_touches_only_its_folder_and_never_uploads(tmp_path, phot
     manifest_root = IndexSnapshot.open(index).manifest.images_root
     assert manifest_root == str(root.resolve())
 
-    # a build from another root: every old folder path is stale, uploads stay
+    # a build from a folder outside the root: the root widens to the common parent, nothing is lost
     other = tmp_path / "other"
     shutil.copytree(root / "b", other)
     build_index(other, index, tiny_encoder, BuildOptions(progress=False, num_workers=0))
+    assert {p for p in _paths(index) if not is_upload_path(p)} == (
+        {f"root/{p}" for p in paths if not is_upload_path(p)} | {f"other/{p.name}" for p in other.iterdir()})
+    # asked to replace: every old folder path is stale, uploads stay
+    build_index(other, index, tiny_encoder, BuildOptions(progress=False, num_workers=0, replace=True))
     assert {p for p in _paths(index) if not is_upload_path(p)} == {p.name for p in other.iterdir()}
     assert path in _paths(index)
 

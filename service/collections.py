@@ -1,0 +1,200 @@
+"""The service's collections: one ``LiveIndex`` (and one embedded job queue) per collection, opened lazily.
+
+The default collection is the service's ``index_dir`` (``REGIS_INDEX_DIR``, else ``COLLECTIONS_ROOT/default``)
+and is loaded at startup, as before collections existed; the routes without ``/collections/{name}`` answer
+from it. Other collections live under ``REGIS_COLLECTIONS_ROOT`` (``regis.indexes.collections``) and are
+opened on their first request, each with its own encoder (several backbones can be served at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from regis.indexes.collections import (
+    CollectionConfig,
+    CollectionExistsError,
+    CollectionNotFoundError,
+    CollectionsRoot,
+)
+from service.errors import APIError
+from service.live import LiveIndex
+
+log = logging.getLogger("regis.service")
+
+
+class CollectionRegistry:
+    """Name -> live index of every collection this service has opened.
+
+    Args:
+        settings: the service settings.
+        default: the default collection's live index (already loaded).
+        default_jobs: the default collection's job queue (None: read-only service).
+        on_swap: called with (collection, version) after a collection swaps versions.
+    """
+
+    def __init__(self, settings, default: LiveIndex | None, default_jobs=None,
+                 on_swap: Callable[[str, int], None] | None = None):
+        self.settings = settings
+        self.root = CollectionsRoot(settings.collections_root) if settings.collections_root else None
+        self.default_name = settings.default_collection
+        self.on_swap = on_swap
+        self._live: dict[str, LiveIndex] = {}
+        self._jobs: dict[str, object] = {}
+        if default is not None:
+            self._live[self.default_name] = default
+        if default_jobs is not None:
+            self._jobs[self.default_name] = default_jobs
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lookup
+    def _require_root(self) -> CollectionsRoot:
+        if self.root is None:
+            raise APIError(404, "collections_disabled", "this service serves one index; set "
+                                                        "REGIS_COLLECTIONS_ROOT to hold several collections")
+        return self.root
+
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` is a collection of this service."""
+        if name == self.default_name:
+            return True
+        return self.root is not None and self.root.exists(name)
+
+    def _check(self, name: str) -> None:
+        if not self.exists(name):
+            raise APIError(404, "collection_not_found", f"no collection named {name!r}")
+
+    def settings_for(self, name: str):
+        """The service settings as collection ``name`` sees them: its index directory, its encoder choice and
+        its own uploads folder."""
+        if name == self.default_name:
+            return self.settings
+        return self.settings.model_copy(update=self._require_root().overrides(name))
+
+    def live(self, name: str) -> LiveIndex:
+        """The collection's live index, opened on first use (its newest version, if it has one yet).
+
+        Raises:
+            APIError: 404 for an unknown collection.
+        """
+        found = self._live.get(name)
+        if found is not None:
+            return found
+        self._check(name)
+        with self._lock:
+            found = self._live.get(name)
+            if found is None:
+                found = LiveIndex(self.settings_for(name),
+                                  on_swap=(lambda v, n=name: self.on_swap(n, v)) if self.on_swap else None)
+                found.refresh()  # opens the live version when there is one; else waits for the first
+                self._live[name] = found
+                log.info("collection %s opened (index version %s)", name, found.version)
+        return found
+
+    def jobs(self, name: str):
+        """The collection's job queue (embedded queue per collection, or the shared Redis queue).
+
+        Raises:
+            APIError: 404 unknown collection; 403 read-only service.
+        """
+        queue = self._jobs.get(name)
+        if queue is not None:
+            return queue
+        if self._jobs.get(self.default_name) is None:
+            raise APIError(403, "jobs_disabled", "this service is read-only: set REGIS_ENABLE_JOBS=true to index "
+                                                 "folders, upload and delete images")
+        live = self.live(name)
+        with self._lock:
+            queue = self._jobs.get(name)
+            if queue is None:
+                from service.jobs import make_job_queue
+
+                queue = make_job_queue(self.settings_for(name), live, collection=name)
+                self._jobs[name] = queue
+        return queue
+
+    def refresh(self) -> bool:
+        """Refresh every opened collection (the index watcher calls this); True when any swapped."""
+        swapped = False
+        for live in list(self._live.values()):
+            try:
+                swapped = live.refresh() or swapped
+            except Exception:  # one bad collection must not stop the others
+                log.exception("refreshing collection %s failed", live.index_dir)
+        return swapped
+
+    # ------------------------------------------------------------------ management
+    def names(self) -> list[str]:
+        """Every collection, the default one included."""
+        names = set(self.root.names()) if self.root is not None else set()
+        return sorted(names | {self.default_name})
+
+    def describe(self, name: str) -> dict:
+        """{"name", "default", "loaded", "index_version", "images", "backbone", "config"} of a collection."""
+        self._check(name)
+        live = self._live.get(name)
+        engine = live.engine if live is not None else None
+        if engine is not None:
+            manifest = engine.snapshot.manifest
+            config = (self.root.config(name).model_dump() if self.root is not None and self.root.exists(name)
+                      else CollectionConfig().model_dump())
+            body = {"index_version": manifest.version, "images": manifest.num_images,
+                    "backbone": manifest.encoder.backbone, "config": config}
+        elif self.root is not None and self.root.exists(name):
+            body = self.root.describe(name)
+            body.pop("images_root", None)
+        else:  # the default collection before its first version
+            body = {"index_version": None, "images": 0, "config": CollectionConfig().model_dump(),
+                    "backbone": self.settings.backbone or "efficientnet-lite0"}
+        return {**body, "name": name, "default": name == self.default_name, "loaded": engine is not None}
+
+    def create(self, name: str, config: CollectionConfig) -> dict:
+        """Create an empty collection.
+
+        Raises:
+            APIError: 404 collections disabled; 409 it exists.
+        """
+        root = self._require_root()
+        if name == self.default_name or root.exists(name):
+            raise APIError(409, "collection_exists", f"collection {name!r} exists already")
+        try:
+            root.create(name, config)
+        except CollectionExistsError:
+            raise APIError(409, "collection_exists", f"collection {name!r} exists already") from None
+        return self.describe(name)
+
+    def delete(self, name: str) -> None:
+        """Close and delete a collection (not the default one).
+
+        Raises:
+            APIError: 404 unknown; 409 the default collection.
+        """
+        root = self._require_root()
+        if name == self.default_name:
+            raise APIError(409, "collection_protected", "the default collection cannot be deleted")
+        self._check(name)
+        with self._lock:
+            live = self._live.pop(name, None)
+            queue = self._jobs.pop(name, None)
+        if queue is not None:
+            queue.close()
+        if live is not None:
+            live.close()
+        try:
+            root.delete(name)
+        except CollectionNotFoundError:
+            raise APIError(404, "collection_not_found", f"no collection named {name!r}") from None
+
+    def close(self) -> None:
+        """Close every opened collection but the default one (the app closes that)."""
+        for name in list(self._live):
+            if name == self.default_name:
+                continue
+            queue = self._jobs.pop(name, None)
+            if queue is not None:
+                try:
+                    queue.close()
+                except Exception:
+                    log.exception("stopping the jobs of collection %s", name)
+            self._live.pop(name).close()

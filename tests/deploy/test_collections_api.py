@@ -1,0 +1,94 @@
+"""Collections over HTTP (embedded jobs): create, fill, search, list, describe and delete collections; the routes
+without /collections/{name} keep answering for the default collection."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from deploy.support import TINY, wait_until
+from service.app import create_app
+from service.settings import Settings
+
+
+@pytest.fixture
+def client(tmp_path, images_root):
+    names = sorted(p.name for p in (images_root / "photos").iterdir())
+    (images_root / "b").mkdir()
+    for name in names[12:]:
+        shutil.move(images_root / "photos" / name, images_root / "b" / name)
+    settings = Settings(collections_root=tmp_path / "collections", images_root=images_root, enable_jobs=True,
+                        index_poll_s=0.2, **TINY)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def _index(client, base: str, folder: str) -> dict:
+    r = client.post(f"{base}/jobs/index", json={"folder": folder})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+
+    def finished():
+        job = client.get(f"{base}/jobs/{job_id}").json()
+        return job if job["state"] in ("done", "failed") else None
+
+    return wait_until(finished, 120, what=f"job {job_id}")
+
+
+def _search(client, base: str, data: bytes, **params):
+    return client.post(f"{base}/search", files={"file": ("q.png", data, "image/png")}, params=params)
+
+
+def test_collections_are_created_filled_searched_and_deleted(client, images_root, one_thread):
+    assert [c["name"] for c in client.get("/v1/collections").json()["collections"]] == ["default"]
+    r = client.post("/v1/collections", json={"name": "alpha", "backbone": "vit-tiny-reg4-test", "random_init": True})
+    assert r.status_code == 201 and r.json()["images"] == 0 and r.json()["index_version"] is None
+    assert client.post("/v1/collections", json={"name": "alpha"}).status_code == 409
+    assert client.post("/v1/collections", json={"name": "default"}).status_code == 409
+    for bad in ({"name": "../x"}, {"name": "Big"}, {"name": "ok", "backbone": "nope"}, {"name": "ok", "x": 1}):
+        assert client.post("/v1/collections", json=bad).status_code == 422, bad
+
+    # alpha takes photos/, the default collection takes b/: neither sees the other's images
+    assert _index(client, "/v1/collections/alpha", "photos")["result"]["added"] == 12
+    assert _index(client, "/v1", "b")["result"]["added"] == 9
+    a_photo = sorted((images_root / "photos").iterdir())[0]
+    b_photo = sorted((images_root / "b").iterdir())[0]
+    wait_until(lambda: _search(client, "/v1/collections/alpha", a_photo.read_bytes()).status_code == 200, 10)
+    alpha = _search(client, "/v1/collections/alpha", a_photo.read_bytes(), k=30, mode="exact").json()
+    assert alpha["results"][0]["path"] == f"photos/{a_photo.name}" and len(alpha["results"]) == 12
+    default = _search(client, "/v1", b_photo.read_bytes(), k=30, mode="exact").json()
+    assert default["results"][0]["path"] == f"b/{b_photo.name}" and len(default["results"]) == 9
+    same = _search(client, "/v1/collections/default", b_photo.read_bytes(), k=30, mode="exact").json()
+    assert [h["id"] for h in same["results"]] == [h["id"] for h in default["results"]]
+    image_id = alpha["results"][0]["id"]
+    assert client.get(f"/v1/collections/alpha/images/{image_id}").json()["path"] == f"photos/{a_photo.name}"
+    assert client.get(f"/v1/collections/alpha/images/{image_id}/file").content == a_photo.read_bytes()
+
+    listed = {c["name"]: c for c in client.get("/v1/collections").json()["collections"]}
+    assert set(listed) == {"alpha", "default"} and listed["alpha"]["images"] == 12
+    assert listed["default"]["default"] and not listed["alpha"]["default"]
+    info = client.get("/v1/collections/alpha").json()
+    assert info["backbone"] == "vit-tiny-reg4-test" and info["loaded"] and info["index_version"] == 1
+
+    for path in ("/v1/collections/nope", "/v1/collections/nope/images/0"):
+        assert client.get(path).json()["error"]["code"] == "collection_not_found"
+    assert client.get("/v1/collections/NOPE/images/0").status_code == 422
+    assert client.delete("/v1/collections/default").status_code == 409
+    assert client.delete("/v1/collections/alpha").status_code == 204
+    assert client.get("/v1/collections/alpha").status_code == 404
+    assert [c["name"] for c in client.get("/v1/collections").json()["collections"]] == ["default"]
+    assert _search(client, "/v1", b_photo.read_bytes()).status_code == 200  # the default collection serves on
+
+
+def test_a_service_without_a_collections_root_has_only_the_default(tmp_path, images_root, tiny_encoder):
+    from tests.conftest import build
+
+    build(images_root / "photos", tmp_path / "index", tiny_encoder)
+    with TestClient(create_app(Settings(index_dir=tmp_path / "index"))) as c:
+        assert [x["name"] for x in c.get("/v1/collections").json()["collections"]] == ["default"]
+        assert c.get("/v1/collections/default").json()["images"] == 21
+        r = c.post("/v1/collections", json={"name": "x"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "jobs_disabled"
+        assert c.get("/v1/collections/other/images/0").json()["error"]["code"] == "collection_not_found"

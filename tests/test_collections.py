@@ -1,0 +1,122 @@
+"""Collections and folder-scoped builds on the bundled real photos: two folders in one collection, and in two
+collections, both survive each other's builds; ``--replace`` keeps the old one-folder behaviour."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from regis.errors import ConfigError
+from regis.indexes.collections import CollectionExistsError, CollectionNotFoundError, CollectionsRoot
+from regis.indexes.snapshot import IndexSnapshot
+from tests.conftest import build
+
+
+def _split(photos_dir: Path, tmp_path: Path) -> tuple[Path, Path, list[str], list[str]]:
+    """Two sibling folders a/ and b/ holding different photos (12 and 9)."""
+    names = sorted(p.name for p in photos_dir.iterdir())
+    a, b = tmp_path / "data" / "a", tmp_path / "data" / "b"
+    for folder, part in ((a, names[:12]), (b, names[12:])):
+        folder.mkdir(parents=True)
+        for name in part:
+            shutil.copy(photos_dir / name, folder / name)
+    return a, b, names[:12], names[12:]
+
+
+def _paths(index: Path) -> dict[str, int]:
+    snap = IndexSnapshot.open(index)
+    try:
+        return {r.path: r.id for r in snap.table.iter_all()}
+    finally:
+        snap.close()
+
+
+def test_two_folders_in_one_index_both_survive_each_others_builds(tmp_path, photos_dir, lite0_encoder, one_thread):
+    a, b, names_a, names_b = _split(photos_dir, tmp_path)
+    index = tmp_path / "index"
+    assert build(a, index, lite0_encoder).added == 12
+    ids_a = _paths(index)
+    report = build(b, index, lite0_encoder)
+    assert (report.added, report.deleted) == (9, 0)
+    paths = _paths(index)
+    assert set(paths) == {f"a/{n}" for n in names_a} | {f"b/{n}" for n in names_b}
+    assert {f"a/{p}": i for p, i in ids_a.items()} == {p: i for p, i in paths.items() if p.startswith("a/")}
+    snap = IndexSnapshot.open(index)
+    assert snap.manifest.images_root == str((tmp_path / "data").resolve())
+    snap.close()
+
+    # rebuilding a/ after one of its files went: only that file leaves; b/ is untouched
+    (a / names_a[0]).unlink()
+    report = build(a, index, lite0_encoder)
+    assert (report.added, report.deleted, report.unchanged) == (0, 1, 11)
+    assert set(_paths(index)) == {f"a/{n}" for n in names_a[1:]} | {f"b/{n}" for n in names_b}
+    # the old behaviour, asked for: b/ replaces everything
+    report = build(b, index, lite0_encoder, replace=True)
+    assert set(_paths(index)) == set(names_b)
+    assert report.deleted == 11 + 9 and report.added == 9  # b/'s paths are re-rooted: new rows
+
+
+def test_search_finds_images_of_both_folders(tmp_path, photos_dir, lite0_encoder, one_thread):
+    from regis.retrieve.query import QueryEngine
+
+    a, b, names_a, names_b = _split(photos_dir, tmp_path)
+    index = tmp_path / "index"
+    build(a, index, lite0_encoder)
+    build(b, index, lite0_encoder)
+    engine = QueryEngine(lite0_encoder, IndexSnapshot.open(index))
+    for path in (a / names_a[3], b / names_b[2]):
+        top = engine.search_file(path, k=1)["results"][0]
+        assert top["path"] == f"{path.parent.name}/{path.name}"
+    engine.close()
+
+
+def test_two_collections_are_separate_indexes(tmp_path, photos_dir, lite0_encoder, tiny_encoder, one_thread):
+    a, b, names_a, names_b = _split(photos_dir, tmp_path)
+    root = CollectionsRoot(tmp_path / "collections")
+    build(a, root.create("alpha"), lite0_encoder)
+    build(b, root.create("beta"), tiny_encoder)  # another backbone in the same deployment
+    build(a, root.path("alpha"), lite0_encoder)  # a rebuild changes nothing in either
+    assert root.names() == ["alpha", "beta"]
+    assert set(_paths(root.path("alpha"))) == set(names_a)
+    assert set(_paths(root.path("beta"))) == set(names_b)
+    assert root.describe("beta")["backbone"] == "vit-tiny-reg4-test" and root.describe("beta")["images"] == 9
+    with pytest.raises(CollectionExistsError):
+        root.create("alpha")
+    for bad in ("", "../x", "A", "a/b", ".hidden", "x" * 64):
+        with pytest.raises(ConfigError):
+            root.path(bad)
+    root.delete("beta")
+    assert root.names() == ["alpha"] and not any(p.name.startswith(".deleted") for p in root.root.iterdir())
+    with pytest.raises(CollectionNotFoundError):
+        root.describe("beta")
+
+
+def test_cli_builds_two_folders_into_a_collection(tmp_path, photos_dir, one_thread):
+    from typer.testing import CliRunner
+
+    from regis.cli.main import app
+
+    a, b, names_a, names_b = _split(photos_dir, tmp_path)
+    root = tmp_path / "collections"
+    runner = CliRunner()
+
+    def regis(*args):  # in-process (the subprocess path of the CLI is covered by tests/test_cli.py)
+        out = runner.invoke(app, list(args))
+        assert out.exit_code == 0, (out.output, out.exception)
+        return out.stdout
+
+    regis("collections", "create", "photos", "--root", str(root), "--backbone", "vit-tiny-reg4-test",
+          "--random-init")
+    assert "12 added, 0 updated, 0 deleted" in regis("index", "build", str(a), "--collection", "photos",
+                                                     "--root", str(root), "--no-progress", "--workers", "0")
+    assert "9 added, 0 updated, 0 deleted" in regis("index", "build", str(b), "-c", "photos", "--root", str(root),
+                                                    "--no-progress", "--workers", "0")
+    listing = regis("collections", "list", "--root", str(root))
+    assert listing.split()[:2] == ["photos", "21"] and "vit-tiny-reg4-test" in listing
+    out = regis("index", "build", str(b), "-c", "photos", "--root", str(root), "--replace", "--no-progress",
+                "--workers", "0")
+    assert "21 deleted" in out  # a/ and b/ paths: b/ is re-rooted, its images come back as new rows
+    regis("collections", "delete", "photos", "--root", str(root), "--yes")
+    assert regis("collections", "list", "--root", str(root)) == ""
