@@ -76,12 +76,19 @@ def query_file(photos_dir, tmp_path) -> Path:
     return path
 
 
+def _screenshot(locator, path: Path) -> None:
+    """Save a screenshot of ``locator``; also into $REGIS_SCREENSHOT_DIR when set (the README's images)."""
+    locator.screenshot(path=str(path))
+    if os.environ.get("REGIS_SCREENSHOT_DIR"):
+        shutil.copy(path, Path(os.environ["REGIS_SCREENSHOT_DIR"]) / path.name)
+
+
 def _first_name(page) -> str:
     return page.locator("#results .tile .name").first.get_attribute("title")
 
 
 def test_search_explain_more_like_this_and_errors(browser, server, query_file, tmp_path):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page(viewport={"width": 1200, "height": 1120})
     try:
         page.goto(server)
         page.wait_for_function("document.getElementById('status').textContent.includes('Index version')")
@@ -99,15 +106,13 @@ def test_search_explain_more_like_this_and_errors(browser, server, query_file, t
         assert page.locator("#qSvg rect.box").count() == 5  # the query's 5 ROI tokens
         assert page.locator("#rSvg rect.box").count() >= 1
         assert page.locator("#matchRows tr").count() == 10
-        shot = tmp_path / "explain.png"
-        page.locator("#detail").screenshot(path=str(shot))
-        if os.environ.get("REGIS_SCREENSHOT_DIR"):
-            shutil.copy(shot, Path(os.environ["REGIS_SCREENSHOT_DIR"]) / "explain.png")
+        _screenshot(page.locator("#detail"), tmp_path / "explain.png")
 
         # the heatmap of one ROI token over the result's 7 x 7 patches
         page.locator("#matchRows tr").nth(5).locator("button.heat").click()
         page.wait_for_selector("#rSvg g.heatmap rect")
         assert page.locator("#rSvg g.heatmap rect").count() == 49
+        _screenshot(page.locator("#detail .pair"), tmp_path / "explain-heatmap.png")
 
         # more like this: the result becomes the query, and finds itself first at 100 %
         page.click("#detailMore")
@@ -136,17 +141,21 @@ def test_search_explain_more_like_this_and_errors(browser, server, query_file, t
         page.close()
 
 
-def test_phone_sized_window(browser, server, query_file):
+def test_phone_sized_window(browser, server, query_file, tmp_path):
     page = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
     try:
         page.goto(server)
         page.set_input_files("#file", str(query_file))
         page.wait_for_selector("#results .tile")
         assert page.evaluate("document.documentElement.scrollWidth") <= 390  # no sideways scrolling
+        assert not page.locator("#collectionBox").is_visible()  # no collections API on this server
+        _screenshot(page, tmp_path / "phone-results.png")
         page.locator("#results .tile button.open").first.click()
         page.wait_for_selector("#detail[open]")
         q, r = page.locator("#qStage").bounding_box(), page.locator("#rStage").bounding_box()
         assert r["y"] >= q["y"] + q["height"] - 1  # the two images stack
         assert q["x"] + q["width"] <= 391 and r["x"] + r["width"] <= 391
+        page.wait_for_function("document.getElementById('rImg').complete && document.getElementById('qImg').complete")
+        _screenshot(page, tmp_path / "phone-explain.png")
     finally:
         page.close()
