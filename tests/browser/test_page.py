@@ -7,6 +7,7 @@ comes from ``REGIS_SCREENSHOT_DIR=docs/img pytest tests/browser/test_page.py``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -29,16 +30,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(lite0_index, tmp_path_factory):
-    """``regis serve`` over the photos' index on a free loopback port; stopped after the module."""
+@contextlib.contextmanager
+def _serve(args: list[str], log: Path, env: dict | None = None):
+    """``regis serve ARGS`` on a free loopback port until it answers /healthz; yields its URL, stops it after."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "regis", "serve", "--index", str(lite0_index), "--port", str(port),
-             "--log-level", "warning"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "REGIS_TORCH_THREADS": "1"},
+            [sys.executable, "-m", "regis", "serve", *args, "--port", str(port), "--log-level", "warning"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "REGIS_TORCH_THREADS": "1", **(env or {})},
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -61,6 +60,13 @@ def server(lite0_index, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(lite0_index, tmp_path_factory):
+    """``regis serve`` over the photos' index; stopped after the module."""
+    with _serve(["--index", str(lite0_index)], tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
 
 
 @pytest.fixture()
@@ -159,3 +165,37 @@ def test_phone_sized_window(browser, server, query_file, tmp_path):
         _screenshot(page, tmp_path / "phone-explain.png")
     finally:
         page.close()
+
+
+def test_collection_picker_searches_the_chosen_collection(browser, lite0_index, lite0_encoder, photos_dir, tmp_path):
+    """Two collections: the photos (default) and 'tools' with three of them; the page searches the one picked."""
+    from conftest import build
+    from regis.indexes.collections import CollectionConfig, CollectionsRoot
+
+    root = tmp_path / "collections"
+    shutil.copytree(lite0_index, root / "default")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("skimage-rocket.jpg", "skimage-coffee.png", "skimage-motorcycle_left.png"):
+        shutil.copy(photos_dir / name, tools / name)
+    build(tools, CollectionsRoot(root).create("tools", CollectionConfig(backbone="efficientnet-lite0")), lite0_encoder)
+    with _serve([], tmp_path / "serve.log", {"REGIS_COLLECTIONS_ROOT": str(root)}) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        try:
+            page.goto(url)
+            page.wait_for_selector("#collectionBox:not([hidden])")
+            assert page.locator("#collection option").count() == 2
+            assert page.input_value("#collection") == "default"
+            page.select_option("#collection", "tools")
+            page.set_input_files("#file", str(photos_dir / "skimage-rocket.jpg"))
+            page.wait_for_selector("#results .tile")
+            assert page.locator("#results .tile").count() == 3
+            assert _first_name(page) == "skimage-rocket.jpg"
+            page.locator("#results .tile button.why").first.click()
+            page.wait_for_selector("#detail[open]")
+            page.wait_for_function("document.getElementById('rImg').complete && "
+                                   "document.getElementById('rImg').naturalWidth > 0")
+            assert page.locator("#rSvg rect.box").count() >= 1
+            assert "/v1/collections/tools/images/" in page.get_attribute("#rImg", "src")
+        finally:
+            page.close()
