@@ -35,11 +35,12 @@ def allowed_methods(request: Request) -> str:
     """The ``Allow`` header of a 405: the methods the OpenAPI schema documents for the request's path."""
     import re
 
-    methods: set[str] = set()
-    for template, item in request.app.openapi().get("paths", {}).items():
-        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), request.url.path):
-            methods |= {m.upper() for m in item if m in _HTTP_METHODS}
-    return ", ".join(sorted(methods))
+    paths = request.app.openapi().get("paths", {})
+    path = request.url.path
+    matching = [paths[path]] if path in paths else [  # a literal path (/v1/jobs/index) wins over templates
+        item for template, item in paths.items()
+        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), path)]
+    return ", ".join(sorted({m.upper() for item in matching for m in item if m in _HTTP_METHODS}))
 
 
 _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}

@@ -39,7 +39,7 @@ class SearchResult:
     """Ranked results of one query.
 
     Attributes:
-        ids: (k',) int64 image ids, best first (k' <= k when the index is smaller or candidates run short).
+        ids: (k',) int64 image ids, best first (k' < k only when the index holds fewer than k images).
         scores: (k',) float32 MaxSim scores, descending; ties broken by ascending id.
         num_candidates: images scored (all live images in exact mode).
         timings_ms: {"candidates": ms, "rerank": ms}.
@@ -131,6 +131,18 @@ class Searcher:
         token_ids = token_ids[token_ids >= 0]
         return self._live_images(token_ids)
 
+    def _enough_candidates(self, query: np.ndarray, cand: np.ndarray, k: int, depth: int,
+                           nprobe: int | None) -> tuple[np.ndarray, int]:
+        """Widen the depth (x4 per step, up to every token vector) while the candidates are fewer than
+        min(k, images): k results are returned whenever the index holds k images, even when a few images own
+        all of the query tokens' nearest neighbours. Returns (candidates, the depth that gave them)."""
+        want = min(k, len(self.snapshot.store))
+        cap = min(MAX_DEPTH, int(self.snapshot.faiss.ntotal))
+        while len(cand) < want and depth < cap:
+            depth = min(depth * 4, cap)
+            cand = self.candidates(query, depth, nprobe)
+        return cand, depth
+
     def _live_images(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
         image_ids = np.unique(token_ids // self.T)
@@ -209,7 +221,7 @@ class Searcher:
         if mode != "ann":
             raise ConfigError(f"mode must be 'ann' or 'exact', got {mode!r}")
         t0 = time.perf_counter()
-        cand = self.candidates(query, depth, nprobe)
+        cand, depth = self._enough_candidates(query, self.candidates(query, depth, nprobe), k, depth, nprobe)
         t1 = time.perf_counter()
         ids, scores = self._rank(query, cand, k)
         t2 = time.perf_counter()
@@ -250,6 +262,7 @@ class Searcher:
         out = []
         for i in range(b):
             cand = self._live_images(token_ids[i * m : (i + 1) * m].reshape(-1))
+            cand, _ = self._enough_candidates(queries[i], cand, k, depth, nprobe)
             ids, scores = self._rank(queries[i], cand, k)
             out.append(SearchResult(ids, scores, len(cand), depth=depth))
         t2 = time.perf_counter()
