@@ -16,7 +16,7 @@ from service.errors import APIError
 from service.schemas import CollectionCreate, CollectionInfo, CollectionList, ErrorResponse
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
-_ERRORS = {code: {"model": ErrorResponse} for code in (403, 404, 409, 422, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 403, 404, 409, 422, 503)}
 
 
 def _registry(registry: Annotated[CollectionRegistry | None, Depends(get_registry)]) -> CollectionRegistry:

@@ -29,7 +29,7 @@ async def read_upload(file: UploadFile, limit: int) -> bytes:
     "/search",
     response_model=SearchResponse,
     response_model_exclude_unset=True,
-    responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+    responses={code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)},
 )
 async def search(
     request: Request,
