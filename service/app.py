@@ -54,6 +54,7 @@ def _start(app: FastAPI, settings: Settings) -> None:
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
         app.state.jobs = make_job_queue(settings, live)
+        clean_staging(settings, app.state.jobs)
     app.state.collections = CollectionRegistry(settings, live, app.state.jobs,
                                                on_swap=lambda name, version: on_swap(version))
     if settings.redis_url and settings.cache_ttl_s > 0:
@@ -68,6 +69,21 @@ def _start(app: FastAPI, settings: Settings) -> None:
         app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms)
     app.state.watcher = IndexWatcher(app.state.collections, settings.index_poll_s, settings.redis_url,
                                      names.index_updates).start()
+
+
+def clean_staging(settings: Settings, queue) -> None:
+    """Remove staged uploads no job will place (an API killed between staging and queueing the job)."""
+    from regis.indexes.staging import clean_orphaned_staging
+    from regis.jobs.model import QueueUnavailableError
+
+    def state(batch: str) -> str | None:
+        info = queue.get(batch)
+        return info.state if info is not None else None
+
+    try:
+        clean_orphaned_staging(settings.resolved_uploads_dir(), state, settings.staging_grace_s)
+    except QueueUnavailableError:
+        log.warning("the job queue cannot be reached: staged uploads are checked at the next start")
 
 
 def _stop(app: FastAPI) -> None:

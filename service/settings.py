@@ -50,6 +50,8 @@ class Settings(BaseSettings):
             (besides the worker's pub/sub notice).
         build_batch_size, build_workers: embedded jobs: images per forward pass, decoding processes.
         lock_timeout_s: how long a job waits for another writer of the index, seconds.
+        staging_grace_s: at start-up, staged uploads whose job the queue does not know are removed once this
+            old, seconds (those of finished jobs at once).
 
     Dynamic batching (``service.batched``):
         batch_max_size: concurrent requests encoded in one forward pass and searched in one batched search at
@@ -89,6 +91,7 @@ class Settings(BaseSettings):
     build_batch_size: int = Field(default=32, ge=1, le=4096)
     build_workers: int | None = Field(default=0, ge=0, le=64)
     lock_timeout_s: float = Field(default=300.0, ge=0)
+    staging_grace_s: float = Field(default=600.0, ge=0)
     # dynamic batching
     batch_max_size: int = Field(default=16, ge=1, le=1024)
     batch_max_wait_ms: float = Field(default=5.0, ge=0, le=10_000)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError, IndexLockedError, IndexMismatchError
+from regis.faults import crash_point
 from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
 from regis.indexes.layout import (
@@ -433,6 +434,7 @@ class IndexWriter:
 
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()
+        crash_point("writer.segment-written")
         store = self._store()
         num_images = len(store)
         auto = self.explicit_spec is None
@@ -481,6 +483,7 @@ class IndexWriter:
         final = self.dir / VERSIONS_DIR / version_name(self.version)
         os.replace(self.tmp_dir, final)
         fsync_dir(self.dir / VERSIONS_DIR)
+        crash_point("writer.version-renamed")
         try:
             write_bytes_atomic(self.dir / CURRENT_FILE, (version_name(self.version) + "\n").encode())
         except BaseException:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, Up
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
+from regis.faults import crash_point
 from regis.indexes.uploads import is_upload_path, upload_file
 from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue, new_job_id
@@ -114,6 +115,7 @@ async def upload_images(
     except BaseException:
         uploads.discard_staged(settings, job_id)
         raise
+    crash_point("upload.staged")
     try:
         info = await run_in_threadpool(queue.submit, JobSpec(kind="add", uploads=items), job_id)
     except BaseException:
