@@ -94,11 +94,6 @@ class TripletConfig(TrainerConfig):
 
     steps: int = Field(1000, ge=1)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> TripletConfig:
-        if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
-        return self
 
     @property
     def images_per_micro_batch(self) -> int:

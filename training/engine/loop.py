@@ -14,6 +14,7 @@ database cache); this loop owns the encoder, optimiser, schedule, evaluation, ch
 from __future__ import annotations
 
 import json
+import logging
 import math
 import platform
 import time
@@ -26,11 +27,13 @@ from regis.errors import ConfigError
 from regis.models.weights import ENCODER_WEIGHTS_FILE
 from training.config import TrainerConfig, TripletConfig
 from training.engine.checkpoint import load_trainer_state, save_encoder, save_trainer_state
+from training.engine.interrupt import StopSignals, clamp_warmup
 from training.engine.metrics_log import MetricsLog, plot_metrics
 from training.engine.modes import set_train_mode
 from training.engine.recipe import Recipe, recipe_classes
 from training.errors import CheckpointError
 
+logger = logging.getLogger("regis.training")
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "metrics.png"
@@ -190,7 +193,8 @@ def _run(recipe_name: str, config: TrainerConfig, run_dir: Path, runtime: Runtim
         torch.manual_seed(config.seed)
         recipe.bind(encoder, device, bf16, runtime.num_workers)
     optimizer = build_optimizer(encoder, config.lr, config.head_lr, config.weight_decay, heads=recipe.heads)
-    scheduler = build_scheduler(optimizer, config.warmup_steps, total, config.min_lr_ratio)
+    scheduler = build_scheduler(optimizer, clamp_warmup(config.warmup_steps, total, logger), total,
+                                config.min_lr_ratio)
     log = MetricsLog(run_dir / METRICS_FILE)
     runtime_info = {**asdict(runtime), "device": str(device), "bf16_autocast": bf16}
     if state is not None:
@@ -253,42 +257,49 @@ def _run(recipe_name: str, config: TrainerConfig, run_dir: Path, runtime: Runtim
     bar = tqdm(total=total, initial=start, desc="train", disable=not runtime.progress, dynamic_ncols=True)
     interval = _Interval()
     train_seconds, train_images, hook_seconds, steady = 0.0, 0, 0.0, []
-    for step in range(start, stop):
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
-        for _ in range(config.accum_steps):
-            out = recipe.micro_step(next(batches))
-            (out.loss / config.accum_steps).backward()
-            interval.add(out)
-        optimizer.step()
-        scheduler.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - t0
-        interval.seconds += seconds
-        done = step + 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{out.stats['loss']:.4f}", lr=f"{lrs['backbone']:.2e}")
-        if done % config.log_every == 0 or done == stop:
-            record = interval.record(done, lrs)
-            log.append(record)
-            train_seconds += interval.seconds
-            train_images += interval.images
-            steady.append(record["images_per_s"])
-            interval = _Interval()
-        hook_seconds += recipe.after_step(done, log)
-        train_mode()
-        if config.eval_every and done % config.eval_every == 0 and done != total:
-            evaluate(done)
-        if done % config.checkpoint_every == 0 or done == stop:
-            checkpoint(done)
+    interrupted = None
+    with StopSignals() as signals:
+        for step in range(start, stop):
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            lrs = {g.get("name", str(i)): g["lr"] for i, g in enumerate(optimizer.param_groups)}
+            for _ in range(config.accum_steps):
+                out = recipe.micro_step(next(batches))
+                (out.loss / config.accum_steps).backward()
+                interval.add(out)
+            optimizer.step()
+            scheduler.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+            interval.seconds += seconds
+            done = step + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{out.stats['loss']:.4f}", lr=f"{lrs['backbone']:.2e}")
+            if done % config.log_every == 0 or done == stop:
+                record = interval.record(done, lrs)
+                log.append(record)
+                train_seconds += interval.seconds
+                train_images += interval.images
+                steady.append(record["images_per_s"])
+                interval = _Interval()
+            hook_seconds += recipe.after_step(done, log)
+            train_mode()
+            if config.eval_every and done % config.eval_every == 0 and done != total:
+                evaluate(done)
+            if done % config.checkpoint_every == 0 or done == stop or signals.received:
+                checkpoint(done)
+            if signals.received:  # Ctrl-C / SIGTERM: stopped after a complete step, resumable from here
+                logger.warning("%s: stopped at step %d with a checkpoint; continue with --resume", signals.received,
+                               done)
+                stop, interrupted = done, signals.received
+                break
     bar.close()
     del batches
     if start == stop:  # nothing ran (resuming a finished or stopped-at run): still leave a consistent checkpoint
         checkpoint(stop)
     summary = {"run_dir": str(run_dir), "recipe": recipe_name, "step": stop, "total_steps": total,
-               "finished": stop == total}
+               "finished": stop == total, "interrupted": interrupted}
     if stop == total and (start < stop or not (run_dir / SUMMARY_FILE).exists()):
         evaluate(stop)
     records = log.records()
