@@ -20,7 +20,7 @@ Then ``python -m bench.project`` reduces the tokens to 384-d (PCA, see there).
 
 Usage::
 
-    python -m bench.corpus [--size 96] [--batch 250] [--limit N]
+    python -m bench.corpus [--size 96] [--batch 250] [--limit N] [--n-db 20000 --n-queries 500 --out DIR]
 """
 
 from __future__ import annotations
@@ -58,16 +58,27 @@ def load_fmnist() -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(imgs), np.concatenate(labels)
 
 
-def corpus_plan(seed: int = 0) -> dict[str, np.ndarray]:
-    """Rows of the corpus: ``source`` (index into the 70k images), ``augmented`` (bool), ``is_query`` (bool)."""
+def corpus_plan(seed: int = 0, n_db: int = N_DB, n_queries: int = N_QUERIES) -> dict[str, np.ndarray]:
+    """Rows of the corpus: ``source`` (index into the 70k images), ``augmented`` (bool), ``is_query`` (bool).
+
+    The default is the 100k corpus of BENCHMARKS.md. A smaller ``n_db`` keeps its make-up: a random subset
+    (seed ``seed``) of the 69,000 originals holding 69 % of the rows, plus 31 % augmented copies of them;
+    queries are test images 0..n_queries-1 (never in the database). Raises ValueError past 100k / 1,000.
+    """
+    if not 1 <= n_db <= N_DB or not 1 <= n_queries <= N_QUERIES:
+        raise ValueError(f"n_db must be 1..{N_DB} and n_queries 1..{N_QUERIES}, got {n_db}, {n_queries}")
     rng = np.random.default_rng(seed)
     originals = np.concatenate([np.arange(60_000), 60_000 + np.arange(N_QUERIES, 10_000)])
-    aug_src = rng.choice(originals, size=N_AUG, replace=True)
-    queries = 60_000 + np.arange(N_QUERIES)
+    n_aug = N_AUG
+    if n_db < N_DB:
+        n_aug = round(n_db * N_AUG / N_DB)
+        originals = np.sort(rng.choice(originals, size=n_db - n_aug, replace=False))
+    aug_src = rng.choice(originals, size=n_aug, replace=True)
+    queries = 60_000 + np.arange(n_queries)
     source = np.concatenate([originals, aug_src, queries])
-    augmented = np.concatenate([np.zeros(len(originals), bool), np.ones(N_AUG, bool), np.zeros(N_QUERIES, bool)])
+    augmented = np.concatenate([np.zeros(len(originals), bool), np.ones(n_aug, bool), np.zeros(n_queries, bool)])
     is_query = np.zeros(len(source), bool)
-    is_query[N_DB:] = True
+    is_query[n_db:] = True
     return {"source": source.astype(np.int64), "augmented": augmented, "is_query": is_query}
 
 
@@ -96,6 +107,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=250)
     p.add_argument("--limit", type=int, default=None, help="embed only the first N rows (a smoke test)")
     p.add_argument("--out", type=Path, default=CORPUS_DIR)
+    p.add_argument("--n-db", type=int, default=N_DB, help="database images (a smaller corpus of the same make-up)")
+    p.add_argument("--n-queries", type=int, default=N_QUERIES)
+    p.add_argument("--db-rows", type=int, default=None,
+                   help="embed only the first N database rows of the plan, then the queries (a prefix corpus)")
     args = p.parse_args()
 
     import torch
@@ -107,8 +122,10 @@ def main() -> None:
     if tuple(enc.config.mean) != (0.5, 0.5, 0.5) or tuple(enc.config.std) != (0.5, 0.5, 0.5):
         raise SystemExit(f"unexpected normalisation {enc.config.mean} {enc.config.std}")
     images, labels = load_fmnist()
-    plan = corpus_plan()
-    n = len(plan["source"]) if args.limit is None else args.limit
+    plan = corpus_plan(n_db=args.n_db, n_queries=args.n_queries)
+    n_db = args.n_db if args.db_rows is None else min(args.db_rows, args.n_db)
+    order = np.concatenate([np.arange(n_db), args.n_db + np.arange(args.n_queries)])  # plan rows to embed
+    n = len(order) if args.limit is None else args.limit
     args.out.mkdir(parents=True, exist_ok=True)
     T, D = enc.config.tokens_per_image, enc.config.dim
     path = args.out / "raw1280.f16"
@@ -121,7 +138,7 @@ def main() -> None:
     start_done = done
     while done < n:
         stop = min(done + CHUNK, n)
-        rows = np.arange(done, stop)
+        rows = order[done:stop]
         for b in range(0, len(rows), args.batch):
             part = rows[b : b + args.batch]
             pix = _pixels(images[plan["source"][part]], plan["augmented"][part], args.size, seed=int(part[0]))
@@ -132,7 +149,8 @@ def main() -> None:
         progress.write_text(json.dumps({"done": done, "size": args.size}))
         rate = (done - start_done) / (time.perf_counter() - t_start)
         print(f"{done}/{n} rows, {rate:.1f} images/s", flush=True)
-    info = {"rows": len(plan["source"]), "db": N_DB, "queries": N_QUERIES, "tokens_per_image": T, "dim": D,
+    info = {"rows": len(plan["source"]), "db": n_db, "query_start": args.n_db, "queries": args.n_queries,
+            "tokens_per_image": T, "dim": D,
             "input_size": args.size, "encoder": enc.config.model_dump(), "weights": enc.weights_info.model_dump()}
     (args.out / "info.json").write_text(json.dumps(info, indent=2))
     print(json.dumps({"done": done, "images_per_s": (done - start_done) / (time.perf_counter() - t_start)}))

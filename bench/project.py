@@ -49,7 +49,8 @@ def main() -> None:
         y /= np.linalg.norm(y, axis=-1, keepdims=True)
         out[start : start + 10_000] = y.astype(np.float16)
     out.flush()
-    q = raw[n_db:].astype(np.float32) @ basis
+    q_start = info.get("query_start", n_db)  # bench.corpus --db-rows: the queries follow the whole plan's database
+    q = raw[q_start:].astype(np.float32) @ basis
     q /= np.linalg.norm(q, axis=-1, keepdims=True)
     np.save(CORPUS_DIR / f"q{args.dim}.npy", q.astype(np.float32))
     meta = np.load(CORPUS_DIR / "meta.npz")
@@ -62,7 +63,7 @@ def main() -> None:
     pb /= np.linalg.norm(pb, axis=1, keepdims=True)
     err = np.abs((a * b).sum(1) - (pa * pb).sum(1))
     print(json.dumps({"dim": args.dim, "energy_kept": round(kept, 4), "ip_abs_err_mean": float(err.mean()),
-                      "ip_abs_err_p99": float(np.percentile(err, 99)), "db_rows": n_db, "queries": n - n_db}))
+                      "ip_abs_err_p99": float(np.percentile(err, 99)), "db_rows": n_db, "queries": n - q_start}))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ class BuildOptions:
         replace: the folder replaces everything the index holds from folders (the behaviour before
             collections; uploads are kept). Default: a build adds, updates and deletes only below its own
             folder, and the index's root widens to the common parent folder when another folder is added.
+        candidates: candidate method stored in the manifest, "bounded" or "depth"; None keeps the index's
+            ("bounded" for a new one).
     """
 
     batch_size: int = 32
@@ -67,6 +69,7 @@ class BuildOptions:
     token_store: str | None = None
     depth: int | None = None
     replace: bool = False
+    candidates: str | None = None
 
 
 @dataclass
@@ -284,7 +287,8 @@ def build_index(
     report = BuildReport(images_root=str(base), index_dir=str(index_path))
     with IndexWriter(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
                      nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s,
-                     token_store=options.token_store, depth=options.depth) as writer:
+                     token_store=options.token_store, depth=options.depth,
+                     candidates=options.candidates) as writer:
         t0 = time.perf_counter()
         rebased = _rebase(writer, old_root, base)
         entries = scan_folder(root, exclude=(index_path,), confine_to=base)

@@ -42,6 +42,10 @@ def build(
     depth: Annotated[
         int | None, typer.Option("--depth", help="Default candidates per query token (k'); default: tuned by spec.")
     ] = None,
+    candidates: Annotated[
+        str | None,
+        typer.Option("--candidates", help="Candidate method recorded in the index: bounded (default) or depth."),
+    ] = None,
     token_store: Annotated[
         str | None,
         typer.Option("--token-store", help="Rerank store: float16 (default), pq, or a FAISS codec spec."),
@@ -71,7 +75,8 @@ def build(
             weights = Path(config.weights) if config.weights else None
     encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
-                           progress=progress, depth=depth, token_store=token_store, replace=replace)
+                           progress=progress, depth=depth, token_store=token_store, replace=replace,
+                           candidates=candidates)
     report = build_index(images_dir, index, encoder, options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))

@@ -63,6 +63,9 @@ def search(
     depth: Annotated[
         int | None, typer.Option("--depth", help="Candidates: FAISS neighbours per query token (k'); default: index's.")
     ] = None,
+    candidates: Annotated[
+        str | None, typer.Option("--candidates", help="Candidate method: bounded or depth; default: index's.")
+    ] = None,
     exact: Annotated[bool, typer.Option("--exact", help="Score every image exactly (slow; the oracle).")] = False,
     weights: Weights = None,
     device: Device = "cpu",
@@ -73,7 +76,8 @@ def search(
 
     engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device)
     try:
-        result = engine.search_file(query_image, k=k, depth=depth, mode="exact" if exact else "ann")
+        result = engine.search_file(query_image, k=k, depth=depth, mode="exact" if exact else "ann",
+                                    candidates=candidates)
     finally:
         engine.close()
     if as_json:

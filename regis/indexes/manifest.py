@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -34,6 +35,8 @@ class FaissInfo(BaseModel):
         auto: True when regis chose the spec from the collection size (it may change it as the index grows).
         depth: default candidate depth k' (FAISS neighbours per query token) of an ANN search; 64 in indexes
             written before it was recorded.
+        candidates: candidate method of an ANN search (``regis.retrieve.candidates``): "bounded" (default, also
+            for indexes written before it was recorded: it needs nothing new on disk) or "depth" (before issue 15).
     """
 
     spec: str
@@ -41,6 +44,7 @@ class FaissInfo(BaseModel):
     nprobe: int = 32
     auto: bool = True
     depth: int = 64
+    candidates: Literal["depth", "bounded"] = "bounded"
 
 
 class TokenStoreInfo(BaseModel):

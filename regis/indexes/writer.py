@@ -103,6 +103,8 @@ class IndexWriter:
             codec spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's, else float16.
         depth: default candidate depth k' recorded in the manifest (None: keep the base's while the FAISS spec
             stays the same, else ``faiss_index.default_depth``).
+        candidates: candidate method recorded in the manifest, "bounded" or "depth"
+            (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
 
     Raises:
         IndexLockedError: another writer holds the lock past the timeout.
@@ -122,6 +124,7 @@ class IndexWriter:
         lock_timeout_s: float = 0.0,
         token_store: str | None = None,
         depth: int | None = None,
+        candidates: str | None = None,
     ):
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -131,6 +134,9 @@ class IndexWriter:
             raise ConfigError(f"depth must be >= 1, got {depth}")
         self._token_store_arg = token_store
         self._depth_arg = depth
+        if candidates is not None and candidates not in ("depth", "bounded"):
+            raise ConfigError(f"candidates must be 'depth' or 'bounded', got {candidates!r}")
+        self._candidates_arg = candidates
         self._nprobe_arg = nprobe
         self.dir = Path(index_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -446,6 +452,7 @@ class IndexWriter:
         same_spec = self.base is not None and self.base.faiss.spec == spec
         nprobe = self._nprobe_arg or (self.base.faiss.nprobe if same_spec else faiss_index.default_nprobe(spec))
         depth = self._depth_arg or (self.base.faiss.depth if same_spec else faiss_index.default_depth(spec))
+        candidates = self._candidates_arg or (self.base.faiss.candidates if self.base else "bounded")
         token_store = self._write_codes(store)
         np.save(self.tmp_dir / LOCATIONS_FILE, self.locations[: self.next_id])
         buddies = None
@@ -462,7 +469,8 @@ class IndexWriter:
             weights=self.weights,
             tokens_per_image=self.T,
             dim=self.D,
-            faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=nprobe, auto=auto, depth=depth),
+            faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=nprobe, auto=auto, depth=depth,
+                            candidates=candidates),
             num_images=num_images,
             next_id=self.next_id,
             segments=self.segments,

@@ -123,13 +123,14 @@ class QueryEngine:
         return tokens, {"decode": decode_ms, "encode": (t2 - t1) * 1e3}
 
     def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                      nprobe: int | None = None) -> dict:
+                      nprobe: int | None = None, candidates: str | None = None) -> dict:
         """Search with precomputed query tokens (T, D); returns the JSON-ready result (see ``search_bytes``).
 
         ``depth`` None uses the index manifest's default candidate depth; the result reports the depth used.
+        ``candidates`` None uses the manifest's candidate method ("bounded" or "depth").
         """
         searcher = self.searcher  # one snapshot for the whole query, even if a swap happens meanwhile
-        result = searcher.search(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        result = searcher.search(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
         return self._result_json(searcher, result, k, depth, mode)
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
@@ -177,7 +178,7 @@ class QueryEngine:
         }
 
     def search_bytes(self, data: bytes, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                     nprobe: int | None = None) -> dict:
+                     nprobe: int | None = None, candidates: str | None = None) -> dict:
         """Query by image bytes.
 
         Returns:
@@ -187,11 +188,11 @@ class QueryEngine:
 
         Raises:
             ImageDecodeError: bad image bytes.
-            ConfigError: k / depth / mode out of range.
+            ConfigError: k / depth / mode / candidates out of range.
         """
         t0 = time.perf_counter()
         tokens, timings = self.encode_bytes(data)
-        out = self.search_tokens(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        out = self.search_tokens(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
         out["timings_ms"] = {**timings, **out["timings_ms"], "total": (time.perf_counter() - t0) * 1e3}
         return out
 

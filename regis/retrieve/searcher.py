@@ -2,6 +2,8 @@
 
 ANN mode: each of the query's m tokens fetches its ``depth`` nearest token vectors from FAISS; the images
 owning them are the candidates; their stored tokens are scored exactly with MaxSim and the top k returned.
+With the ``"bounded"`` candidate method (the default, ``regis.retrieve.candidates``) query tokens whose
+neighbour list saturated get one range search more, so that no image left unscored could enter the top k.
 With a compressed token store (``regis.indexes.codes``) the candidates are first scored on their decoded
 codes, and the best ``refine * k`` of those are re-scored exactly on their float16 tokens, so the returned
 scores are always exact. Exact mode scores every live image (the oracle for tests and benchmarks). Search
@@ -21,6 +23,7 @@ import torch
 from regis.errors import ConfigError
 from regis.indexes import faiss_index
 from regis.indexes.snapshot import IndexSnapshot
+from regis.retrieve import candidates as cands
 from regis.scores.maxsim import maxsim_gemm
 
 DEFAULT_DEPTH = 64  # candidate depth of indexes whose manifest records none (the manifest's depth wins)
@@ -77,16 +80,20 @@ class Searcher:
             the decoded codes alone (no float16 read; scores are then approximate).
         search_threads: FAISS threads for a single query's candidate search (``search``); batches
             (``search_batch``) use ``batch_threads`` (None: every core).
+        candidates: candidate method, "depth" or "bounded" (``regis.retrieve.candidates``); None: the
+            manifest's.
 
     Raises:
-        ConfigError: refine < 0.
+        ConfigError: refine < 0, or an unknown candidate method.
     """
 
     def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192,
                  use_codes: bool = True, refine: int = DEFAULT_REFINE,
-                 search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None):
+                 search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None,
+                 candidates: str | None = None):
         if refine < 0:
             raise ConfigError(f"refine must be >= 0, got {refine}")
+        self.candidate_method = cands.check_method(candidates or snapshot.manifest.faiss.candidates)
         self.snapshot = snapshot
         self.device = torch.device(device)
         self.exact_chunk = exact_chunk
@@ -123,25 +130,68 @@ class Searcher:
         Returns:
             (c,) int64 unique image ids, ascending, c <= m * depth.
         """
+        _, token_ids = self._neighbours(query, depth, nprobe, self.search_threads)
+        return self._live_images(token_ids.reshape(-1))
+
+    def _neighbours(self, query: np.ndarray, depth: int, nprobe: int | None,
+                    threads: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS's ``depth`` nearest token vectors of each query vector (q, D): sims and ids, (q, depth) each."""
         if self.snapshot.faiss.ntotal == 0:
+            return (np.full((len(query), depth), -np.inf, dtype=np.float32),
+                    np.full((len(query), depth), -1, dtype=np.int64))
+        nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
+        return faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe, threads=threads)
+
+    def _bounded_extra(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, seen: np.ndarray,
+                       theta: float, nprobe: int | None, threads: int | None) -> np.ndarray:
+        """Images the first round missed that could still enter the top k (``candidates.range_radius``).
+
+        Args:
+            query: (m, D) float32; sims, token_ids: (m, depth) first-round neighbours; seen: (c,) int64 sorted
+            candidate ids already scored; theta: their k-th best score.
+
+        Returns:
+            (e,) int64 live image ids not in ``seen``, ascending.
+        """
+        tails, full = cands.list_tails(sims, token_ids)
+        which, radius = cands.range_radius(tails, full, theta)
+        if len(which) == 0:
             return np.zeros(0, dtype=np.int64)
         nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-        _, token_ids = faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe,
-                                          threads=self.search_threads)
-        token_ids = token_ids[token_ids >= 0]
-        return self._live_images(token_ids)
+        found = cands.range_tokens(self.snapshot.faiss, query[which], radius, nprobe=nprobe, threads=threads)
+        return np.setdiff1d(self._live_images(found), seen, assume_unique=True)
 
-    def _enough_candidates(self, query: np.ndarray, cand: np.ndarray, k: int, depth: int,
-                           nprobe: int | None) -> tuple[np.ndarray, int]:
+    def _ann(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, k: int, nprobe: int | None,
+             method: str, threads: int | None) -> tuple[np.ndarray, np.ndarray, int, float, float]:
+        """Candidates from first-round neighbours (m, depth), ranked; returns ids, scores, number of candidates,
+        candidate ms and rank ms. The bounded method adds the images ``_bounded_extra`` finds."""
+        t0 = time.perf_counter()
+        cand = self._live_images(token_ids.reshape(-1))
+        t1 = time.perf_counter()
+        ids, scores = self._rank(query, cand, k)
+        t2 = time.perf_counter()
+        if method == "depth" or len(ids) < k:
+            return ids, scores, len(cand), (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        extra = self._bounded_extra(query, sims, token_ids, cand, float(scores[-1]), nprobe, threads)
+        t3 = time.perf_counter()
+        if len(extra):
+            more_ids, more_scores = self._rank(query, extra, k)
+            ids, scores = top_k(np.concatenate([ids, more_ids]), np.concatenate([scores, more_scores]), k)
+        t4 = time.perf_counter()
+        return ids, scores, len(cand) + len(extra), (t1 - t0 + t3 - t2) * 1e3, (t2 - t1 + t4 - t3) * 1e3
+
+    def _enough_neighbours(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, k: int, depth: int,
+                           nprobe: int | None, threads: int | None) -> tuple[np.ndarray, np.ndarray, int]:
         """Widen the depth (x4 per step, up to every token vector) while the candidates are fewer than
         min(k, images): k results are returned whenever the index holds k images, even when a few images own
-        all of the query tokens' nearest neighbours. Returns (candidates, the depth that gave them)."""
+        all of the query tokens' nearest neighbours. Takes and returns the neighbours (sims, token_ids, both
+        (m, depth)) and the depth that gave them."""
         want = min(k, len(self.snapshot.store))
         cap = min(MAX_DEPTH, int(self.snapshot.faiss.ntotal))
-        while len(cand) < want and depth < cap:
+        while len(self._live_images(token_ids.reshape(-1))) < want and depth < cap:
             depth = min(depth * 4, cap)
-            cand = self.candidates(query, depth, nprobe)
-        return cand, depth
+            sims, token_ids = self._neighbours(query, depth, nprobe, threads)
+        return sims, token_ids, depth
 
     def _live_images(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
@@ -196,6 +246,7 @@ class Searcher:
         depth: int | None = None,
         mode: Mode = "ann",
         nprobe: int | None = None,
+        candidates: str | None = None,
     ) -> SearchResult:
         """Rank the index's images for one query.
 
@@ -205,6 +256,7 @@ class Searcher:
             depth: ANN mode: neighbours per query token (k'), 1..4096; None: the manifest's.
             mode: "ann" (candidates + rerank) or "exact" (score every image).
             nprobe: IVF lists probed for this call.
+            candidates: ANN mode: candidate method for this call ("depth" or "bounded"); None: the searcher's.
 
         Returns:
             A ``SearchResult``.
@@ -220,23 +272,25 @@ class Searcher:
             return SearchResult(ids, scores, n, {"candidates": 0.0, "rerank": (time.perf_counter() - t0) * 1e3})
         if mode != "ann":
             raise ConfigError(f"mode must be 'ann' or 'exact', got {mode!r}")
+        method = cands.check_method(candidates or self.candidate_method)
         t0 = time.perf_counter()
-        cand, depth = self._enough_candidates(query, self.candidates(query, depth, nprobe), k, depth, nprobe)
+        sims, token_ids = self._neighbours(query, depth, nprobe, self.search_threads)
+        sims, token_ids, depth = self._enough_neighbours(query, sims, token_ids, k, depth, nprobe, self.search_threads)
         t1 = time.perf_counter()
-        ids, scores = self._rank(query, cand, k)
-        t2 = time.perf_counter()
-        return SearchResult(ids, scores, len(cand), {"candidates": (t1 - t0) * 1e3, "rerank": (t2 - t1) * 1e3},
+        ids, scores, n, cand_ms, rank_ms = self._ann(query, sims, token_ids, k, nprobe, method, self.search_threads)
+        return SearchResult(ids, scores, n, {"candidates": (t1 - t0) * 1e3 + cand_ms, "rerank": rank_ms},
                             depth=depth)
 
     def search_batch(
-        self, queries: np.ndarray, k: int = 10, depth: int | None = None, nprobe: int | None = None
+        self, queries: np.ndarray, k: int = 10, depth: int | None = None, nprobe: int | None = None,
+        candidates: str | None = None,
     ) -> list[SearchResult]:
         """ANN search of many queries at once: one FAISS call for all their tokens (FAISS spreads it over its
         threads), then the per-query rerank. Same results as ``search`` query by query.
 
         Args:
             queries: (B, m, D) float32 unit-norm query tokens.
-            k, depth, nprobe: as ``search``.
+            k, depth, nprobe, candidates: as ``search``.
 
         Returns:
             B ``SearchResult``; timings are the batch's, divided evenly.
@@ -248,23 +302,20 @@ class Searcher:
         if queries.ndim != 3 or queries.shape[0] < 1:
             raise ConfigError(f"queries must be (B, m, {self.D}), got {tuple(queries.shape)}")
         depth = depth or self.default_depth
+        method = cands.check_method(candidates or self.candidate_method)
         b, m, _ = queries.shape
         for q in queries[:1]:
             self._check_query(q, k, depth)
         t0 = time.perf_counter()
-        if self.snapshot.faiss.ntotal == 0:
-            token_ids = np.full((b * m, depth), -1, dtype=np.int64)
-        else:
-            nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-            _, token_ids = faiss_index.search(self.snapshot.faiss, queries.reshape(b * m, -1), depth, nprobe=nprobe,
-                                              threads=self.batch_threads)
+        sims, token_ids = self._neighbours(queries.reshape(b * m, -1), depth, nprobe, self.batch_threads)
         t1 = time.perf_counter()
         out = []
         for i in range(b):
-            cand = self._live_images(token_ids[i * m : (i + 1) * m].reshape(-1))
-            cand, _ = self._enough_candidates(queries[i], cand, k, depth, nprobe)
-            ids, scores = self._rank(queries[i], cand, k)
-            out.append(SearchResult(ids, scores, len(cand), depth=depth))
+            rows = slice(i * m, (i + 1) * m)
+            q_sims, q_ids, _ = self._enough_neighbours(queries[i], sims[rows], token_ids[rows], k, depth, nprobe,
+                                                       self.batch_threads)
+            ids, scores, n, _, _ = self._ann(queries[i], q_sims, q_ids, k, nprobe, method, self.batch_threads)
+            out.append(SearchResult(ids, scores, n, depth=depth))
         t2 = time.perf_counter()
         for r in out:
             r.timings_ms = {"candidates": (t1 - t0) * 1e3 / b, "rerank": (t2 - t1) * 1e3 / b}
