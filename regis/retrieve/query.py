@@ -134,7 +134,7 @@ class QueryEngine:
         return self._result_json(searcher, result, k, depth, mode)
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                            nprobe: int | None = None) -> list[dict]:
+                            nprobe: int | None = None, candidates: str | None = None) -> list[dict]:
         """``search_tokens`` of B queries with the same parameters; ANN mode goes through the batched search
         path (``Searcher.search_batch``: one FAISS call for every query's tokens), exact mode query by query.
 
@@ -150,7 +150,7 @@ class QueryEngine:
         """
         searcher = self.searcher
         if mode == "ann":
-            results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe)
+            results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe, candidates=candidates)
         else:
             results = [searcher.search(q, k=k, depth=depth, mode=mode, nprobe=nprobe) for q in tokens]
         return [self._result_json(searcher, r, k, depth, mode) for r in results]
