@@ -75,13 +75,16 @@ def encoder_for(
     """
     from regis.indexes.layout import VERSIONS_DIR, read_current
     from regis.indexes.manifest import read_manifest
+    from regis.indexes.weights_copy import stored_weights
     from regis.models.encoder import build_encoder, encoder_from_manifest
 
     no_options = backbone is None and weights is None and not random_init and roi_size is None and cue_method is None
     current = read_current(index_dir) if index_dir is not None and index_dir.is_dir() else None
     if current is not None and (no_options or (weights is not None and backbone is None and roi_size is None)):
         manifest = read_manifest(index_dir / VERSIONS_DIR / current)
-        return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device)
+        stored = stored_weights(index_dir, manifest.weights)
+        return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device,
+                                     stored=str(stored) if stored else None)
     return build_encoder(
         backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, roi_size=roi_size,
         cue_method=cue_method, device=device,

@@ -52,6 +52,7 @@ from regis.indexes.layout import (
 from regis.indexes.manifest import BuddyInfo, FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
 from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
 from regis.indexes.table import ImageRecord, ImageTable
+from regis.indexes.weights_copy import store_weights
 from regis.models.encoder import EncoderConfig, WeightsInfo
 
 DEFAULT_KEEP_VERSIONS = 3
@@ -440,6 +441,7 @@ class IndexWriter:
 
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()
+        store_weights(self.dir, self.weights)  # fine-tuned weights travel with the index (by content hash)
         crash_point("writer.segment-written")
         store = self._store()
         num_images = len(store)

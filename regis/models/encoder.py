@@ -8,6 +8,7 @@ With R = 4 that is 10 tokens. ``token_set`` selects a prefix of this layout for 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -299,7 +300,8 @@ def build_encoder(
 
 
 def encoder_from_manifest(
-    config: EncoderConfig, weights: WeightsInfo, weights_override: str | None = None, device: str = "cpu"
+    config: EncoderConfig, weights: WeightsInfo, weights_override: str | None = None, device: str = "cpu",
+    stored: str | None = None,
 ) -> RegisEncoder:
     """Rebuild the encoder an index was made with, and check it is the same one.
 
@@ -307,12 +309,23 @@ def encoder_from_manifest(
         config, weights: as stored in the index manifest.
         weights_override: a path to use instead of the stored ``file:`` source (a moved file, say).
         device: where to put the model.
+        stored: the index's own copy of ``file:`` weights (``regis.indexes.weights_copy``), used when there is
+            no override.
 
     Raises:
         IndexMismatchError: the rebuilt encoder's config or weights checksum differs from the manifest.
-        WeightsError: the weights cannot be loaded.
+        WeightsError: the weights cannot be loaded; for ``file:`` weights the message names the missing file and
+            ``--weights`` (never another backbone: the index's tokens come from these weights).
     """
     kind, _, rest = weights.source.partition(":")
+    if not weights_override and kind == "file":
+        weights_override = stored
+        if weights_override is None and not Path(rest).exists():
+            raise WeightsError(
+                f"the index was built with the weights {rest} (sha256 {weights.sha256[:12]}), which are no longer "
+                "there and the index keeps no copy of them: pass --weights PATH (or REGIS_WEIGHTS) naming where "
+                "they are now; their checksum is checked"
+            )
     kwargs = dict(
         backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
         cue_method=config.cue_method, device=device,

@@ -16,6 +16,7 @@ import torch
 from regis.errors import ImageDecodeError
 from regis.images.decode import DEFAULT_MAX_PIXELS, decode_image
 from regis.indexes.snapshot import IndexSnapshot
+from regis.indexes.weights_copy import stored_weights
 from regis.models.encoder import RegisEncoder, check_encoder_matches, encoder_from_manifest
 from regis.models.transforms import eval_transform
 from regis.retrieve.searcher import Mode, Searcher
@@ -60,7 +61,9 @@ class QueryEngine:
         """
         snapshot = IndexSnapshot.open(index_dir)
         try:
-            encoder = encoder_from_manifest(snapshot.manifest.encoder, snapshot.manifest.weights, weights, device)
+            stored = stored_weights(index_dir, snapshot.manifest.weights)
+            encoder = encoder_from_manifest(snapshot.manifest.encoder, snapshot.manifest.weights, weights, device,
+                                            stored=str(stored) if stored else None)
             return cls(encoder, snapshot, device, max_pixels)
         except BaseException:
             snapshot.close()
