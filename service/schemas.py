@@ -24,13 +24,15 @@ class SearchHit(BaseModel):
 
 
 class Timings(BaseModel):
-    """Per-stage wall time of one query, milliseconds."""
+    """Per-stage wall time of one query, milliseconds (with explain=true also ``explain``: building the
+    explanations)."""
+
+    model_config = ConfigDict(extra="allow")
 
     decode: float
     encode: float
     candidates: float
     rerank: float
-    explain: float | None = Field(default=None, description="with explain=true: building the explanations")
     total: float
 
 

@@ -79,9 +79,13 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     """A headless Debian Chromium driven by Playwright (sync API), for the browser tests.
+
+    Module-scoped: Playwright's sync API keeps an asyncio loop running in the main thread while it is open, so
+    a session-wide browser would make every later test's ``asyncio.run`` fail ("cannot be called from a running
+    event loop"); it is closed when its module's tests are done.
 
     Skips, saying why, when Chromium or Playwright is missing outside CI; in CI (``CI`` set) a missing browser
     is an error, since ``.ci/run`` installs it.

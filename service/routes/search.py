@@ -28,7 +28,6 @@ async def read_upload(file: UploadFile, limit: int) -> bytes:
 @router.post(
     "/search",
     response_model=SearchResponse,
-    response_model_exclude_unset=True,
     responses={code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 503)},
 )
 async def search(
