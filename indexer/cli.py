@@ -54,10 +54,27 @@ def build(
     workers: Annotated[int | None, typer.Option("--workers", help="Decoding processes (default min(4, CPUs)).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the build report as JSON.")] = False,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Build a sharded collection with Ray Data (pip install 'regis[ray]'; "
+                                         "settings from REGIS_RAY_* variables, see cluster/settings.py).")
+    ] = False,
+    shards: Annotated[int | None, typer.Option("--shards", help="--ray: number of shards S (default: the "
+                                                                "collection's, else 1).")] = None,
 ) -> None:
     """Index a folder, or update an index incrementally: new and changed files are embedded, files gone from
     the folder removed; ids stay stable. Images of other folders in the same index or collection stay (use
     --replace for a build that replaces them). Unreadable files are skipped and listed."""
+    if ray:
+        from cluster.cli import build_ray_cli
+        from regis.errors import ConfigError
+
+        if index is None or collection is not None:
+            raise ConfigError("--ray builds a sharded collection folder: give --index PATH (not --collection)")
+        build_ray_cli(images_dir, index, shards, dict(backbone=backbone, weights=weights, random_init=random_init,
+                                                      roi_size=roi_size, cue_method=cue_method, device=device),
+                      dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store),
+                      batch_size, as_json)
+        return
     from indexer.build import BuildOptions, build_index
     from regis.cli.options import collections_root, encoder_for, index_dir_for
 

@@ -36,6 +36,10 @@ def serve(
     backbone: Backbone = None,
     random_init: RandomInit = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Serve a sharded collection on Ray Serve (pip install 'regis[ray]'; "
+                                         "other settings from REGIS_RAY_* variables, see cluster/settings.py).")
+    ] = False,
 ) -> None:
     """Serve an index over HTTP: POST /v1/search, GET /v1/images/{id}, jobs and uploads (with --enable-jobs),
     /healthz, /readyz, /metrics, OpenAPI at /docs. Other settings come from REGIS_* environment variables."""
@@ -50,4 +54,9 @@ def serve(
         "random_init": random_init or None,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    if ray:
+        from cluster.cli import serve_ray
+
+        serve_ray(settings, host, port, str(weights) if weights else None)
+        return
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)

@@ -74,6 +74,11 @@ class ShardedWriter:
         self.next_id += n
         return ids
 
+    def reserve_until(self, next_id: int) -> None:
+        """Treat every global id below ``next_id`` as handed out (ids a previous transaction of the same build
+        allocated but has not committed yet)."""
+        self.next_id = max(self.next_id, int(next_id))
+
     def _by_shard(self, ids: np.ndarray):
         shards = shard_of(ids, self.num_shards)
         for s in np.unique(shards):
@@ -118,8 +123,14 @@ class ShardedWriter:
         for s, _, local in self._by_shard(ids):
             self.writers[s].delete(local.tolist())
 
-    def commit(self, report: dict | None = None) -> list[Manifest | None]:
+    def commit(self, report: dict | None = None, next_id: int | None = None) -> list[Manifest | None]:
         """Publish every changed shard (one after the other), then the collection's next id.
+
+        Args:
+            report: JSON-ready build report saved in each new shard version.
+            next_id: the next id to record (default: this writer's ``next_id``). A checkpoint of a longer build
+                records the end of what it committed, so that a resumed build hands the ids of the files still
+                missing out again in the same order (the ids a single uninterrupted build gives them).
 
         Returns:
             Each shard's new manifest, or None where the shard did not change.
@@ -134,7 +145,7 @@ class ShardedWriter:
         except BaseException:
             self.abort()
             raise
-        write_layout(self.collection, self.num_shards, self.next_id)
+        write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id)
         return manifests
 
     def abort(self) -> None:

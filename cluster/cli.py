@@ -1,0 +1,61 @@
+"""The ``--ray`` variants of ``regis serve`` and ``regis index build`` (called by those commands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from regis.errors import ConfigError
+
+
+def _require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError("--ray needs Ray: pip install 'regis[ray]'") from exc
+
+
+def serve_ray(service, host: str, port: int, weights: str | None) -> None:
+    """``regis serve --ray``: deploy the collection ``service.index_dir`` on Ray Serve and block.
+
+    Raises:
+        ConfigError: Ray is not installed.
+        IndexFormatError: not a sharded collection.
+    """
+    _require_ray()
+    from cluster.serve import serve_forever
+    from cluster.settings import RaySettings
+    from regis.sharding.layout import read_layout
+
+    read_layout(service.index_dir)  # a clear error before Ray starts
+    serve_forever(service.index_dir, service, RaySettings(http_host=host, http_port=port), weights)
+
+
+def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encoder_options: dict,
+                  index_options: dict, batch_size: int, as_json: bool) -> None:
+    """``regis index build --ray``: build or update a sharded collection with Ray Data and print the report."""
+    _require_ray()
+    from cluster.build import build_ray
+    from cluster.settings import RaySettings
+    from regis.cli.options import encoder_for
+    from regis.sharding.layout import is_sharded, read_layout, shard_dir
+
+    num_shards = shards or (read_layout(collection)["num_shards"] if is_sharded(collection) else 1)
+    existing = shard_dir(collection, 0) if is_sharded(collection) else None
+    o = encoder_options
+    encoder = encoder_for(existing, o["backbone"], o["weights"], o["random_init"], o["roi_size"], o["cue_method"],
+                          o["device"])
+    settings = RaySettings(build_batch_size=batch_size)
+    report = build_ray(images_dir, collection, encoder, num_shards, settings,
+                       weights=str(o["weights"]) if o["weights"] else None, **index_options)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+        return
+    typer.echo(f"{report.scanned} files scanned: {report.added} added, {report.updated} updated, "
+               f"{report.deleted} deleted, {report.unchanged} unchanged, {len(report.skipped)} skipped; "
+               f"{report.num_shards} shards, {report.checkpoints} checkpoints; {report.total_s:.1f} s "
+               f"({report.images_per_s:.1f} images/s embedding)")
+    for item in report.skipped:
+        typer.echo(f"  skipped {item['path']}: {item['reason']}", err=True)

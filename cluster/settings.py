@@ -1,0 +1,65 @@
+"""Settings of the Ray application: environment variables prefixed ``REGIS_RAY_`` (or constructor arguments);
+bad values are refused."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RaySettings(BaseSettings):
+    """Configuration of ``regis serve --ray`` and ``regis index build --ray``.
+
+    Attributes:
+        address: the Ray cluster to join ("auto": the one started with ``ray start`` on this machine; None: a
+            fresh local Ray in this process).
+        namespace: Ray namespace of the application.
+        http_host, http_port: where Ray Serve's HTTP proxy listens.
+        proxy_location: "EveryNode" (a proxy on every node: put a load balancer in front), "HeadOnly" (one
+            proxy; several nodes on one machine), or "Disabled".
+        app_name: the Serve application name (one per collection).
+        encoder_replicas: encoder deployment replicas.
+        encoder_num_cpus, encoder_num_gpus: resources per encoder replica (GPU > 0 encodes on CUDA in bf16).
+        max_batch_size: ``@serve.batch``: images per encoder forward pass (and queries per shard batch) at most.
+        batch_wait_timeout_s: ``@serve.batch``: how long a batch waits for more requests, seconds.
+        shard_replicas: replicas of each shard deployment.
+        shard_num_cpus: CPUs per shard replica.
+        ingress_replicas, ingress_num_cpus: the REST ingress.
+        shard_timeout_s: a shard that has not answered after this many seconds counts as missing.
+        encoder_timeout_s: an encode that takes longer fails the request with 503, seconds.
+        on_missing_shards: "error": answer 503 ``shards_unavailable`` when a shard is missing (never a silently
+            incomplete ranking); "partial": answer 200 with the shards that answered, ``partial: true`` and
+            ``missing_shards``.
+        build_batch_size: ``index build --ray``: images per encoder batch (Ray Data ``map_batches``).
+        build_encoder_actors: encoder actors of a build.
+        build_decode_cpus: CPUs per decode task of a build.
+        build_checkpoint_images: a build commits every shard after this many images (a killed build resumes
+            from its last commit).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="REGIS_RAY_", extra="ignore")
+
+    address: str | None = "auto"
+    namespace: str = "regis"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = "EveryNode"
+    app_name: str = Field(default="regis", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    encoder_replicas: int = Field(default=1, ge=1, le=1024)
+    encoder_num_cpus: float = Field(default=1.0, ge=0, le=256)
+    encoder_num_gpus: float = Field(default=0.0, ge=0, le=16)
+    max_batch_size: int = Field(default=16, ge=1, le=1024)
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
+    shard_replicas: int = Field(default=1, ge=1, le=1024)
+    shard_num_cpus: float = Field(default=0.5, ge=0, le=256)
+    ingress_replicas: int = Field(default=1, ge=1, le=1024)
+    ingress_num_cpus: float = Field(default=0.25, ge=0, le=256)
+    shard_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    encoder_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    on_missing_shards: Literal["error", "partial"] = "error"
+    build_batch_size: int = Field(default=32, ge=1, le=4096)
+    build_encoder_actors: int = Field(default=1, ge=1, le=1024)
+    build_decode_cpus: float = Field(default=1.0, gt=0, le=64)
+    build_checkpoint_images: int = Field(default=10_000, ge=1)
