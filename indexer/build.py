@@ -18,9 +18,11 @@ from pathlib import Path
 from torch.utils.data import DataLoader
 
 from indexer.dataset import ImageFileDataset, collate_items
+from indexer.metadata import FACTS_KEY, read_sidecar
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from regis.errors import ConfigError
 from regis.images.decode import DEFAULT_MAX_PIXELS
+from regis.images.exif import path_facts
 from regis.indexes.table import ImageRecord
 from regis.indexes.uploads import UPLOADS_PREFIX, is_upload_path
 from regis.indexes.writer import IndexWriter
@@ -49,6 +51,9 @@ class BuildOptions:
             that folder: images of other folders under the root stay as they are.
         token_store: what the ANN rerank reads: "float16" or a FAISS codec spec ("PQ96"); None keeps the index's.
         depth: default candidate depth k' stored in the manifest; None: the tuned default for the FAISS spec.
+        metadata: user metadata per image, keyed by path relative to the folder built (``indexer.metadata``:
+            a CSV / JSONL file); it wins over sidecar files (``photo.jpg.json``). The build adds file facts
+            under ``file`` (folder, name, ext, taken_at, camera).
         replace: the folder replaces everything the index holds from folders (the behaviour before
             collections; uploads are kept). Default: a build adds, updates and deletes only below its own
             folder, and the index's root widens to the common parent folder when another folder is added.
@@ -70,6 +75,7 @@ class BuildOptions:
     depth: int | None = None
     replace: bool = False
     candidates: str | None = None
+    metadata: dict[str, dict] | None = None
 
 
 @dataclass
@@ -181,6 +187,8 @@ def _embed(
                 records = []
                 for item in batch["ok"]:
                     entry, image_id, meta = jobs[item["index"]]
+                    facts = {**path_facts(entry.path), **meta.get(FACTS_KEY, {}), **item.get("exif", {})}
+                    meta = {**meta, FACTS_KEY: facts}
                     records.append(ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"],
                                                item["bytes"], entry.mtime, meta))
                 t0 = time.perf_counter()
@@ -199,6 +207,39 @@ def _embed(
             bar.close()
     report.embed_s = time.perf_counter() - t_start
     return failed_ids
+
+
+def _without_facts(metadata: dict) -> dict:
+    return {k: v for k, v in metadata.items() if k != FACTS_KEY}
+
+
+def _user_metadata(entries: list[FileEntry], scope: str, rows: dict[str, dict] | None) -> dict[str, dict]:
+    """Table path -> user metadata from sidecars and ``rows`` (keyed by path relative to the folder built; they
+    win over sidecars), for the entries that have some.
+
+    Raises:
+        ConfigError: a sidecar that is not a JSON object (the message names it).
+    """
+    out: dict[str, dict] = {}
+    cut = len(scope) + 1 if scope else 0
+    for e in entries:
+        side = read_sidecar(e.abspath)
+        row = rows.get(e.path[cut:]) if rows else None
+        if side is not None or row is not None:
+            out[e.path] = {**(side or {}), **(row or {})}
+    return out
+
+
+def _with_metadata(records: list[ImageRecord], user: dict[str, dict]) -> list[ImageRecord]:
+    """Records with their user metadata replaced by ``user``'s (file facts kept)."""
+    out = []
+    for r in records:
+        if r.path in user:
+            facts = r.metadata.get(FACTS_KEY)
+            meta = {**user[r.path], **({FACTS_KEY: facts} if facts is not None else {})}
+            r = ImageRecord(r.id, r.path, r.sha256, r.width, r.height, r.bytes, r.mtime, meta)
+        out.append(r)
+    return out
 
 
 def _managed_records(writer: IndexWriter, images_root: str, scope: str, replace: bool,
@@ -235,7 +276,8 @@ def _rebase(writer: IndexWriter, old_root: Path | None, base: Path) -> bool:
         return False
     if writer.base is None or writer.base.images_root != str(old_root):
         return False  # the index changed since we looked: the build treats the old paths as another root's
-    writer.prefix_paths(old_root.relative_to(base).as_posix() + "/", exclude_prefix=UPLOADS_PREFIX)
+    writer.prefix_paths(old_root.relative_to(base).as_posix() + "/", exclude_prefix=UPLOADS_PREFIX,
+                        folder_key=f"$.{FACTS_KEY}.folder")
     return True
 
 
@@ -294,22 +336,26 @@ def build_index(
         entries = scan_folder(root, exclude=(index_path,), confine_to=base)
         if scope:
             entries = [FileEntry(f"{scope}/{e.path}", e.abspath, e.bytes, e.mtime) for e in entries]
-        plan = plan_changes(entries, _managed_records(writer, str(base), scope, options.replace, rebased))
+        managed = _managed_records(writer, str(base), scope, options.replace, rebased)
+        plan = plan_changes(entries, managed)
         changed, touched = _split_modified(plan.modified)
+        user = _user_metadata(entries, scope, options.metadata)
         report.scan_s = time.perf_counter() - t0
         report.scanned = len(entries)
         report.unchanged = len(plan.unchanged)
         report.touched = len(touched)
         new_ids = writer.allocate_ids(len(plan.new))
-        jobs = [(e, int(i), {}) for e, i in zip(plan.new, new_ids, strict=True)]
-        jobs += [(e, rec.id, rec.metadata) for e, rec in changed]
+        jobs = [(e, int(i), user.get(e.path, {})) for e, i in zip(plan.new, new_ids, strict=True)]
+        jobs += [(e, rec.id, user.get(e.path, _without_facts(rec.metadata))) for e, rec in changed]
         failed = set(_embed(writer, encoder, jobs, options, report)) if jobs else set()
         report.added = sum(1 for _, i, _ in jobs[: len(plan.new)] if i not in failed)
         report.updated = sum(1 for _, i, _ in jobs[len(plan.new) :] if i not in failed)
         # A changed file that no longer decodes leaves the index, like a deleted one.
         gone = [rec.id for rec in plan.deleted] + [rec.id for _, rec in changed if rec.id in failed]
         writer.delete(gone)
-        writer.update_records(touched)
+        writer.update_records(_with_metadata(touched, user))
+        unchanged = [managed[e.path] for e in plan.unchanged if e.path in user]
+        writer.update_records([r for r in _with_metadata(unchanged, user) if r.metadata != managed[r.path].metadata])
         report.deleted = len(plan.deleted)
         t0 = time.perf_counter()
         report.images_per_s = (report.added + report.updated) / report.embed_s if report.embed_s > 0 else 0.0

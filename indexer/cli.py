@@ -50,6 +50,10 @@ def build(
         str | None,
         typer.Option("--token-store", help="Rerank store: float16 (default), pq, or a FAISS codec spec."),
     ] = None,
+    metadata: Annotated[
+        Path | None, typer.Option("--metadata", help="CSV (with a 'path' column) or JSONL (objects with 'path') of "
+                                                     "per-image metadata; paths relative to the folder.")
+    ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images per forward pass.")] = 32,
     workers: Annotated[int | None, typer.Option("--workers", help="Decoding processes (default min(4, CPUs)).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
@@ -76,6 +80,7 @@ def build(
                       batch_size, as_json)
         return
     from indexer.build import BuildOptions, build_index
+    from indexer.metadata import load_metadata_file
     from regis.cli.options import collections_root, encoder_for, index_dir_for
 
     index = index_dir_for(index, collection, root)
@@ -93,7 +98,8 @@ def build(
     encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
-                           candidates=candidates)
+                           candidates=candidates,
+                           metadata=load_metadata_file(metadata) if metadata else None)
     report = build_index(images_dir, index, encoder, options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 from regis.errors import ImageDecodeError
 from regis.images.decode import decode_image
+from regis.images.exif import exif_facts
 
 
 class ImageFileDataset(Dataset):
@@ -23,7 +24,7 @@ class ImageFileDataset(Dataset):
         draft_size: JPEG draft decoding target (pixels), None to decode at full size.
 
     Items are dicts: ``index`` (int), ``tensor`` ((3, H, W) float32 or None), ``error`` (str or None),
-    ``sha256`` (hex), ``width``/``height`` (pixels), ``bytes`` (file size).
+    ``sha256`` (hex), ``width``/``height`` (pixels), ``bytes`` (file size), ``exif`` (``regis.images.exif``).
     """
 
     def __init__(self, paths: list[Path], transform: Callable, max_pixels: int, draft_size: int | None = None):
@@ -36,7 +37,8 @@ class ImageFileDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> dict:
-        item = {"index": i, "tensor": None, "error": None, "sha256": "", "width": 0, "height": 0, "bytes": 0}
+        item = {"index": i, "tensor": None, "error": None, "sha256": "", "width": 0, "height": 0, "bytes": 0,
+                "exif": {}}
         try:
             data = Path(self.paths[i]).read_bytes()
         except OSError as exc:
@@ -48,6 +50,7 @@ class ImageFileDataset(Dataset):
             decoded = decode_image(data, max_pixels=self.max_pixels, draft_size=self.draft_size)
             item["tensor"] = self.transform(decoded.image)
             item["width"], item["height"] = decoded.width, decoded.height
+            item["exif"] = exif_facts(data)
         except ImageDecodeError as exc:
             item["error"] = str(exc)
         except Exception as exc:  # a transform failing on a strange image must not stop the build

@@ -98,4 +98,10 @@ def execute_job(spec: JobSpec, ctx: JobContext, report: ProgressFn) -> dict:
         report({"phase": "writing"})
         r = delete_images(ctx.index_dir, spec.ids, ctx.uploads_dir, lock_timeout_s=ctx.lock_timeout_s)
         return r.to_json()
+    if spec.kind == "metadata":
+        from indexer.metadata import update_metadata
+
+        report({"phase": "writing"})
+        return update_metadata(ctx.index_dir, spec.ids[0], spec.metadata or {}, spec.replace_metadata,
+                               lock_timeout_s=ctx.lock_timeout_s)
     raise ConfigError(f"unknown job kind {spec.kind!r}")

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from indexer.build import BuildOptions, BuildReport, _embed
+from indexer.metadata import FACTS_KEY
 from indexer.scan import FileEntry
 from regis.errors import IndexFormatError
 from regis.indexes.layout import VERSIONS_DIR, read_current
@@ -35,7 +36,7 @@ class NewImage:
         staged: where the API left the file, relative to the uploads folder (``.staging/...``).
         sha256: SHA-256 of the file's bytes, hex.
         metadata: user metadata (JSON object); replaces the stored metadata when the image already exists.
-        filename: the client's file name (only reported back).
+        filename: the client's file name (kept as the metadata's file.name).
     """
 
     path: str
@@ -130,12 +131,16 @@ def add_images(
             rec = existing.get(im.path)
             if rec is not None and w.is_live(rec.id):
                 item.update(id=rec.id, status="exists")
-                if im.metadata and im.metadata != rec.metadata:
+                facts = rec.metadata.get(FACTS_KEY)
+                meta = {**im.metadata, **({FACTS_KEY: facts} if facts is not None else {})}
+                if im.metadata and meta != rec.metadata:
                     touched.append(ImageRecord(rec.id, rec.path, rec.sha256, rec.width, rec.height, rec.bytes,
-                                               rec.mtime, im.metadata))
+                                               rec.mtime, meta))
                 continue
             st = stored.stat()
-            jobs.append((FileEntry(im.path, stored, st.st_size, st.st_mtime), -1, im.metadata))
+            facts = {"name": im.filename, "uploaded": True} if im.filename else {"uploaded": True}
+            jobs.append((FileEntry(im.path, stored, st.st_size, st.st_mtime), -1,
+                         {**im.metadata, FACTS_KEY: facts}))
         ids = w.allocate_ids(len(jobs))
         jobs = [(entry, int(i), meta) for (entry, _, meta), i in zip(jobs, ids, strict=True)]
         failed = set(_embed(w, encoder, jobs, options, build_report)) if jobs else set()

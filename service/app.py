@@ -11,11 +11,11 @@ from fastapi.responses import FileResponse
 
 import regis
 from regis.images.decode import set_max_concurrent_decodes
-from service.deps import collection_path
+from service.deps import collection_path, reject_unknown_query_params
 from service.errors import install_error_handlers
 from service.limits import JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
-from service.routes import collections, explain, health, images, jobs, metrics, search
+from service.routes import batch, collections, explain, gallery, health, images, jobs, metrics, search
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -137,11 +137,14 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     install_error_handlers(app)
     limits = body_limits(settings)
     app.include_router(health.router)
-    app.include_router(collections.router, max_body_size=limits["default"])
+    strict = Depends(reject_unknown_query_params)
+    app.include_router(collections.router, max_body_size=limits["default"], dependencies=[strict])
     # every collection's routes, and the default collection's (the routes without /collections/{collection})
-    for routes, limit in ((search, "search"), (explain, "search"), (images, "images"), (jobs, "default")):
-        app.include_router(routes.router, prefix="/v1", max_body_size=limits[limit])
-        app.include_router(routes.router, prefix=COLLECTION_PREFIX, dependencies=[Depends(collection_path)],
+    routers = ((search, "search"), (batch, "images"), (explain, "search"), (images, "images"), (gallery, "default"),
+               (jobs, "default"))
+    for routes, limit in routers:
+        app.include_router(routes.router, prefix="/v1", max_body_size=limits[limit], dependencies=[strict])
+        app.include_router(routes.router, prefix=COLLECTION_PREFIX, dependencies=[Depends(collection_path), strict],
                            max_body_size=limits[limit])
     app.include_router(metrics.router)
 

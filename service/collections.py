@@ -42,6 +42,7 @@ class CollectionRegistry:
         self.on_swap = on_swap
         self._live: dict[str, LiveIndex] = {}
         self._jobs: dict[str, object] = {}
+        self._settings: dict[str, object] = {}
         if default is not None:
             self._live[self.default_name] = default
         if default_jobs is not None:
@@ -70,7 +71,11 @@ class CollectionRegistry:
         its own uploads folder."""
         if name == self.default_name:
             return self.settings
-        return self.settings.model_copy(update=self._require_root().overrides(name))
+        found = self._settings.get(name)
+        if found is None:
+            self._check(name)
+            found = self._settings[name] = self.settings.model_copy(update=self._require_root().overrides(name))
+        return found
 
     def live(self, name: str) -> LiveIndex:
         """The collection's live index, opened on first use (its newest version, if it has one yet).
@@ -177,6 +182,7 @@ class CollectionRegistry:
         with self._lock:
             live = self._live.pop(name, None)
             queue = self._jobs.pop(name, None)
+            self._settings.pop(name, None)
         if queue is not None:
             queue.close()
         if live is not None:

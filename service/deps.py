@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path, Request
+from fastapi import Path, Query, Request
 
 from regis.indexes.collections import NAME_PATTERN
 from regis.jobs.cache import QueryCache
@@ -17,8 +17,17 @@ from service.settings import Settings
 
 
 def get_settings(request: Request) -> Settings:
-    """The app's settings."""
-    return request.app.state.settings
+    """The app's settings, as the request's collection sees them (its index directory, uploads folder and
+    encoder; ``service.collections``).
+
+    Raises:
+        APIError: 404 for an unknown collection.
+    """
+    name = request.path_params.get("collection")
+    registry = getattr(request.app.state, "collections", None)
+    if name is None or registry is None or name == registry.default_name:
+        return request.app.state.settings
+    return registry.settings_for(name)
 
 
 def collection_path(
@@ -93,3 +102,65 @@ def get_cache(request: Request) -> QueryCache | None:
 def get_metrics(request: Request) -> Metrics:
     """The app's Prometheus metrics."""
     return request.app.state.metrics
+
+
+def search_extras(
+    filter: Annotated[str | None, Query(
+        max_length=8192, description='metadata filter: JSON such as {"album": "trip", "year": {"gte": 2020}}, '
+                                     'or the key:value[,key:value] shorthand (regis.indexes.filters)')] = None,
+    offset: Annotated[int, Query(ge=0, le=999, description="skip the best `offset` results (paging)")] = 0,
+    score_threshold: Annotated[float | None, Query(description="drop results scoring below this MaxSim score")] = None,
+) -> dict:
+    """The search options besides k / depth / mode, checked: {"where", "offset", "score_threshold"} (only those
+    given).
+
+    Raises:
+        APIError: 422 for a malformed filter (the message says what is wrong).
+    """
+    from regis.errors import ConfigError
+    from regis.indexes.filters import compile_filter, parse_filter
+
+    out: dict = {}
+    try:
+        where = parse_filter(filter)
+        if where is not None:
+            compile_filter(where)  # refuse a bad filter before any work
+            out["where"] = where
+    except ConfigError as exc:
+        raise APIError(422, "invalid_filter", str(exc)) from None
+    if offset:
+        out["offset"] = offset
+    if score_threshold is not None:
+        out["score_threshold"] = score_threshold
+    return out
+
+
+_KNOWN_QUERY: dict = {}  # id(route) -> the query parameter names it declares (routes live as long as the app)
+
+
+def _query_names(dependant) -> set[str]:
+    """Query parameter names of a route's dependency tree."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def reject_unknown_query_params(request: Request) -> None:
+    """Refuse (422) query parameters the route does not declare (``?filtr=...`` must not be silently ignored).
+
+    Raises:
+        APIError: 422 naming the unknown parameters.
+    """
+    route = request.scope.get("route")
+    known = _KNOWN_QUERY.get(id(route))
+    if known is None:
+        dependant = getattr(route, "dependant", None)
+        if dependant is None:
+            return
+        known = _KNOWN_QUERY[id(route)] = frozenset(_query_names(dependant))
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        names = ", ".join(repr(n[:40]) for n in unknown[:5])
+        raise APIError(422, "unknown_parameter", f"unknown query parameter(s) {names}; this route takes: "
+                                                 f"{', '.join(sorted(known)) or 'none'}")

@@ -170,3 +170,42 @@ class CollectionList(BaseModel):
     """Every collection of the deployment."""
 
     collections: list[CollectionInfo]
+
+
+class ImageRow(BaseModel):
+    """An indexed image's table row (as GET /v1/images/{id}, without the index version)."""
+
+    id: int
+    path: str
+    sha256: str
+    width: int
+    height: int
+    bytes: int
+    mtime: float
+    metadata: dict = Field(default_factory=dict)
+
+
+class ImageList(BaseModel):
+    """A page of GET /v1/images."""
+
+    index_version: int
+    total: int = Field(description="images matching the filter (all images without one)")
+    offset: int
+    limit: int
+    images: list[ImageRow]
+
+
+class MetadataPatchResponse(BaseModel):
+    """The result of PATCH /v1/images/{id}: 200 once the new version is served, 202 while the job runs."""
+
+    id: int
+    job_id: str
+    state: str
+    index_version: int | None
+    metadata: dict | None = None
+
+
+class BatchSearchResponse(BaseModel):
+    """Results of several query images, in the order they were sent."""
+
+    results: list[SearchResponse]

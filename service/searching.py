@@ -15,7 +15,8 @@ from regis.retrieve.query import QueryEngine
 async def _search(request: Request, engine: QueryEngine, data: bytes, params: dict) -> dict:
     """One search: through the dynamic batcher when the app has one (``service.batched``), else alone."""
     batched = getattr(request.app.state, "batched", None)
-    if batched is not None and isinstance(engine, QueryEngine):
+    extras = set(params) - {"k", "depth", "mode", "nprobe"}  # filter, offset, threshold: not batched
+    if batched is not None and isinstance(engine, QueryEngine) and not extras:
         return await batched.search_bytes(engine, data, **params)
     return await run_in_threadpool(engine.search_bytes, data, **params)
 
@@ -50,3 +51,69 @@ async def run_search(request: Request, response: Response, engine: QueryEngine, 
     if not failed:
         await run_in_threadpool(cache.put, result["index_version"], sha, pkey, result)
     return result
+
+
+async def run_search_id(request: Request, engine: QueryEngine, image_id: int, **params) -> dict:
+    """``engine.search_id`` ("more like this"), with the per-stage metrics.
+
+    Raises:
+        APIError: 404 when the image is not in the version served now.
+    """
+    from service.errors import APIError
+
+    t0 = time.perf_counter()
+    try:
+        result = await run_in_threadpool(engine.search_id, image_id, **params)
+    except KeyError:
+        raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
+                                               f"{engine.snapshot.version}") from None
+    result["timings_ms"] = {"decode": 0.0, "encode": 0.0, **result["timings_ms"],
+                            "total": (time.perf_counter() - t0) * 1e3}
+    request.app.state.metrics.observe_search(result["timings_ms"])
+    return result
+
+
+async def run_search_batch(request: Request, engine: QueryEngine, images: list[bytes], **params) -> list[dict]:
+    """Several query images in one go: decoded and encoded as one batch, then the batched search path
+    (``QueryEngine.search_tokens_batch``). Results equal one-by-one searches (float32 rounding of the batched
+    forward pass aside).
+
+    Raises:
+        ImageDecodeError: an image does not decode (the message names it).
+    """
+    from regis.errors import ImageDecodeError
+
+    def work() -> list[dict]:
+        t0 = time.perf_counter()
+        pixels = []
+        for n, data in enumerate(images):
+            try:
+                pixels.append(engine.decode_bytes(data)[0])
+            except ImageDecodeError as exc:
+                raise ImageDecodeError(f"image {n + 1}: {exc}") from None
+        t1 = time.perf_counter()
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(pixels):  # one forward pass per input size
+            groups.setdefault(tuple(p.shape), []).append(i)
+        tokens: list = [None] * len(pixels)
+        import torch
+
+        for members in groups.values():
+            out = engine.encode_pixels(torch.stack([pixels[i] for i in members]))
+            for row, i in enumerate(members):
+                tokens[i] = out[row]
+        t2 = time.perf_counter()
+        import numpy as np
+
+        results = engine.search_tokens_batch(np.stack(tokens), **params)
+        t3 = time.perf_counter()
+        b = len(images)
+        for r in results:
+            r["timings_ms"] = {"decode": (t1 - t0) * 1e3 / b, "encode": (t2 - t1) * 1e3 / b, **r["timings_ms"],
+                               "total": (t3 - t0) * 1e3 / b}
+        return results
+
+    results = await run_in_threadpool(work)
+    for r in results:
+        request.app.state.metrics.observe_search(r["timings_ms"])
+    return results

@@ -113,6 +113,14 @@ def test_cli_builds_two_folders_into_a_collection(tmp_path, photos_dir, one_thre
                                                      "--root", str(root), "--no-progress", "--workers", "0")
     assert "9 added, 0 updated, 0 deleted" in regis("index", "build", str(b), "-c", "photos", "--root", str(root),
                                                     "--no-progress", "--workers", "0")
+    import json
+
+    hits = json.loads(regis("search", "-c", "photos", "--root", str(root), str(b / names_b[0]), "-k", "4", "--json",
+                            "--filter", "file.folder:a"))["results"]
+    assert len(hits) == 4 and all(h["path"].startswith("a/") for h in hits)
+    first = json.loads(regis("search", "-c", "photos", "--root", str(root), "--id", str(hits[0]["id"]), "-k", "1",
+                             "--json"))["results"]
+    assert first[0]["id"] == hits[0]["id"]
     listing = regis("collections", "list", "--root", str(root))
     assert listing.split()[:2] == ["photos", "21"] and "vit-tiny-reg4-test" in listing
     out = regis("index", "build", str(b), "-c", "photos", "--root", str(root), "--replace", "--no-progress",

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from indexer.cli import app as index_app
 from indexer.cli import worker
 from regis.cli.collections import app as collections_app
-from regis.cli.options import Device, Weights
+from regis.cli.options import CollectionsRootOpt, Device, Weights
 from regis.errors import RegisError
 from service.cli import serve
 from training.cli import register as register_training
@@ -57,8 +57,22 @@ def photos(
 
 @app.command("search")
 def search(
-    index_dir: Annotated[Path, typer.Argument(help="Index directory.")],
-    query_image: Annotated[Path, typer.Argument(help="Query image file.")],
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(help="INDEX_DIR QUERY_IMAGE; with --collection just QUERY_IMAGE; with --id just INDEX_DIR "
+                            "(or nothing with --collection).", show_default=False),
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option("--collection", "-c", help="Search this collection (under --root).")
+    ] = None,
+    root: CollectionsRootOpt = None,
+    image_id: Annotated[
+        int | None, typer.Option("--id", help="More like this: query with the stored tokens of this image id.")
+    ] = None,
+    filter_: Annotated[
+        str | None, typer.Option("--filter", help='Metadata filter: JSON ({"album": "trip", "year": {"gte": 2020}}) '
+                                                 "or key:value[,key:value].")
+    ] = None,
     k: Annotated[int, typer.Option("-k", help="Number of results.")] = 10,
     depth: Annotated[
         int | None, typer.Option("--depth", help="Candidates: FAISS neighbours per query token (k'); default: index's.")
@@ -71,13 +85,34 @@ def search(
     device: Device = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Search an index with a query image; prints rank, score, id and path."""
+    """Search an index or collection with a query image (or an indexed image's id); prints rank, score, id and
+    path."""
+    from regis.cli.options import index_dir_for
+    from regis.errors import ConfigError
+    from regis.indexes.filters import parse_filter
     from regis.retrieve.query import QueryEngine
 
+    paths = list(paths or [])
+    index = paths.pop(0) if collection is None and paths else None
+    index_dir = index_dir_for(index, collection, root)
+    query_image = paths.pop(0) if paths else None
+    if paths or (query_image is None) == (image_id is None):
+        raise ConfigError("give one query: a QUERY_IMAGE or --id N (regis search INDEX_DIR QUERY_IMAGE, "
+                          "regis search -c NAME QUERY_IMAGE, regis search -c NAME --id 7)")
+    params = {"k": k, "depth": depth, "mode": "exact" if exact else "ann", "candidates": candidates}
+    where = parse_filter(filter_)
+    if where:
+        params["where"] = where
     engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device)
     try:
-        result = engine.search_file(query_image, k=k, depth=depth, mode="exact" if exact else "ann",
-                                    candidates=candidates)
+        if image_id is not None:
+            try:
+                result = engine.search_id(image_id, **params)
+            except KeyError:
+                raise ConfigError(f"no image with id {image_id} in {index_dir}") from None
+            result["timings_ms"] = {"decode": 0.0, "encode": 0.0, **result["timings_ms"]}
+        else:
+            result = engine.search_file(query_image, **params)
     finally:
         engine.close()
     if as_json:

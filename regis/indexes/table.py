@@ -9,6 +9,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
     id       INTEGER PRIMARY KEY,
@@ -122,6 +124,25 @@ class ImageTable:
         for row in self._query(sql, params):
             yield ImageRecord.from_row(row)
 
+    def ids_where(self, where: str, params: Iterable = ()) -> np.ndarray:
+        """Ids of the rows matching a SQL condition (``regis.indexes.filters.compile_filter``), ascending.
+
+        Returns:
+            (n,) int64.
+        """
+        rows = self._query(f"SELECT id FROM images WHERE {where} ORDER BY id", params)
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def select_where(self, where: str | None, params: Iterable = (), limit: int = 100,
+                     offset: int = 0) -> tuple[list[ImageRecord], int]:
+        """A page of the rows matching a SQL condition (None: every row), in id order, and the total count."""
+        clause = f" WHERE {where}" if where else ""
+        params = tuple(params)
+        total = int(self._query(f"SELECT COUNT(*) FROM images{clause}", params)[0][0])
+        rows = self._query(f"SELECT {_COLUMNS} FROM images{clause} ORDER BY id LIMIT ? OFFSET ?",
+                           (*params, int(limit), int(offset)))
+        return [ImageRecord.from_row(r) for r in rows], total
+
     def upsert(self, records: Iterable[ImageRecord]) -> None:
         """Insert or replace rows (writable tables only); committed by ``commit``."""
         with self._lock:
@@ -130,14 +151,22 @@ class ImageTable:
                 [r.to_row() for r in records],
             )
 
-    def prefix_paths(self, prefix: str, exclude_prefix: str) -> int:
-        """Prepend ``prefix`` to every path not starting with ``exclude_prefix`` (writable tables only);
-        returns the rows changed. Two statements, so that UNIQUE(path) never sees a transient clash."""
+    def prefix_paths(self, prefix: str, exclude_prefix: str, folder_key: str | None = None) -> int:
+        """Prepend ``prefix`` ("a/b/") to every path not starting with ``exclude_prefix`` (writable tables only);
+        returns the rows changed. ``folder_key``: a JSON path of the metadata (``$.file.folder``) holding the
+        image's folder, moved the same way where present. Two statements, so that UNIQUE(path) never sees a
+        transient clash."""
         marker = "\x01"
-        where = "substr(path, 1, ?) != ?"
         with self._lock:
-            cur = self._conn.execute(f"UPDATE images SET path = ? || path WHERE {where}",
+            cur = self._conn.execute("UPDATE images SET path = ? || path WHERE substr(path, 1, ?) != ?",
                                      (marker, len(exclude_prefix), exclude_prefix))
+            if folder_key is not None:
+                folder = prefix.rstrip("/")
+                self._conn.execute(
+                    "UPDATE images SET metadata = json_set(metadata, ?, CASE WHEN json_extract(metadata, ?) = '' "
+                    "THEN ? ELSE ? || json_extract(metadata, ?) END) "
+                    "WHERE substr(path, 1, 1) = ? AND json_type(metadata, ?) = 'text'",
+                    (folder_key, folder_key, folder, prefix, folder_key, marker, folder_key))
             self._conn.execute("UPDATE images SET path = ? || substr(path, 2) WHERE substr(path, 1, 1) = ?",
                                (prefix, marker))
             return cur.rowcount

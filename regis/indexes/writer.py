@@ -299,10 +299,10 @@ class IndexWriter:
             self.table.upsert(records)
             self._changed = True
 
-    def prefix_paths(self, prefix: str, exclude_prefix: str) -> None:
+    def prefix_paths(self, prefix: str, exclude_prefix: str, folder_key: str | None = None) -> None:
         """Put ``prefix`` before every table path that does not start with ``exclude_prefix`` (the index's
-        images root moved up to a parent folder; ids and tokens stay)."""
-        if self.table.prefix_paths(prefix, exclude_prefix):
+        images root moved up to a parent folder; ids and tokens stay); see ``ImageTable.prefix_paths``."""
+        if self.table.prefix_paths(prefix, exclude_prefix, folder_key):
             self._changed = True
 
     def delete(self, ids) -> None:

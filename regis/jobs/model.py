@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from regis.errors import RegisError
 
-JobKind = Literal["index", "add", "delete"]
+JobKind = Literal["index", "add", "delete", "metadata"]
 JobState = Literal["queued", "running", "done", "failed"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "done", "failed")
 MAX_SKIPPED_REPORTED = 200  # skipped files listed in a job result (the count is always exact)
@@ -48,6 +48,8 @@ class JobSpec(BaseModel):
         uploads: ``add``: the staged images.
         ids: ``delete``: image ids.
         collection: the collection the job writes (None: the deployment's default collection).
+        metadata: ``metadata``: a JSON merge patch of the image's user metadata (``ids``: the one image).
+        replace_metadata: ``metadata``: replace the user metadata instead of patching it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -57,6 +59,8 @@ class JobSpec(BaseModel):
     uploads: list[UploadItem] = Field(default_factory=list)
     ids: list[int] = Field(default_factory=list)
     collection: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    metadata: dict | None = None
+    replace_metadata: bool = False
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> JobSpec:
@@ -66,6 +70,8 @@ class JobSpec(BaseModel):
             raise ValueError("an add job needs at least one upload")
         if self.kind == "delete" and not self.ids:
             raise ValueError("a delete job needs at least one id")
+        if self.kind == "metadata" and (len(self.ids) != 1 or self.metadata is None):
+            raise ValueError("a metadata job needs one id and the metadata")
         return self
 
     def params(self) -> dict:

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from regis.errors import ImageDecodeError
+from regis.errors import ConfigError, ImageDecodeError
 from regis.images.decode import DEFAULT_MAX_PIXELS, decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.weights_copy import stored_weights
 from regis.models.encoder import RegisEncoder, check_encoder_matches, encoder_from_manifest
 from regis.models.transforms import eval_transform
-from regis.retrieve.searcher import Mode, Searcher
+from regis.retrieve.searcher import MAX_K, Mode, Searcher
 
 
 class QueryEngine:
@@ -126,18 +126,31 @@ class QueryEngine:
         return tokens, {"decode": decode_ms, "encode": (t2 - t1) * 1e3}
 
     def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                      nprobe: int | None = None, candidates: str | None = None) -> dict:
+                      nprobe: int | None = None, candidates: str | None = None, where: dict | None = None,
+                      offset: int = 0, score_threshold: float | None = None) -> dict:
         """Search with precomputed query tokens (T, D); returns the JSON-ready result (see ``search_bytes``).
 
         ``depth`` None uses the index manifest's default candidate depth; the result reports the depth used.
         ``candidates`` None uses the manifest's candidate method ("bounded" or "depth").
+        ``where``: a metadata filter (``regis.indexes.filters``; ``regis.retrieve.filtered``); ``offset``: skip the
+        best ``offset`` results (paging: ranks stay global); ``score_threshold``: drop results scoring below it.
         """
         searcher = self.searcher  # one snapshot for the whole query, even if a swap happens meanwhile
-        result = searcher.search(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
-        return self._result_json(searcher, result, k, depth, mode)
+        want = k + offset
+        if want > MAX_K:
+            raise ConfigError(f"k + offset must be <= {MAX_K}, got {want}")
+        if where:
+            from regis.retrieve.filtered import allowed_ids, search_filtered
+
+            allowed = allowed_ids(searcher.snapshot, where)
+            result = search_filtered(searcher, tokens, allowed, k=want, depth=depth, mode=mode, nprobe=nprobe)
+        else:
+            result = searcher.search(tokens, k=want, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
+        out = self._result_json(searcher, result, k, depth, mode)
+        return _page(out, offset, score_threshold)
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                            nprobe: int | None = None, candidates: str | None = None) -> list[dict]:
+                            nprobe: int | None = None, candidates: str | None = None, **extra) -> list[dict]:
         """``search_tokens`` of B queries with the same parameters; ANN mode goes through the batched search
         path (``Searcher.search_batch``: one FAISS call for every query's tokens), exact mode query by query.
 
@@ -152,6 +165,8 @@ class QueryEngine:
             ConfigError: bad shapes or parameters.
         """
         searcher = self.searcher
+        if extra.get("where") or extra.get("offset") or extra.get("score_threshold") is not None:
+            return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra) for q in tokens]
         if mode == "ann":
             results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe, candidates=candidates)
         else:
@@ -180,8 +195,22 @@ class QueryEngine:
             "timings_ms": dict(result.timings_ms),
         }
 
+    def search_id(self, image_id: int, **params) -> dict:
+        """"More like this": ``search_tokens`` with the stored tokens of an indexed image (its float16 tokens,
+        so scores match a search by the image's bytes to float16 rounding).
+
+        Raises:
+            KeyError: no live image ``image_id`` in the snapshot served now.
+        """
+        searcher = self.searcher
+        ids = np.array([int(image_id)], dtype=np.int64)
+        if not (0 <= image_id < 2**62) or not searcher.snapshot.store.is_live(ids)[0]:
+            raise KeyError(image_id)
+        tokens = searcher.snapshot.store.get(ids)[0].astype(np.float32)
+        return self.search_tokens(tokens, **params)
+
     def search_bytes(self, data: bytes, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                     nprobe: int | None = None, candidates: str | None = None) -> dict:
+                     nprobe: int | None = None, candidates: str | None = None, **extra) -> dict:
         """Query by image bytes.
 
         Returns:
@@ -195,7 +224,7 @@ class QueryEngine:
         """
         t0 = time.perf_counter()
         tokens, timings = self.encode_bytes(data)
-        out = self.search_tokens(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
+        out = self.search_tokens(tokens, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra)
         out["timings_ms"] = {**timings, **out["timings_ms"], "total": (time.perf_counter() - t0) * 1e3}
         return out
 
@@ -217,6 +246,17 @@ class QueryEngine:
     def close(self) -> None:
         """Close the live snapshot."""
         self.searcher.snapshot.close()
+
+
+def _page(out: dict, offset: int, score_threshold: float | None) -> dict:
+    """Drop the first ``offset`` hits and those under ``score_threshold`` (ranks keep their global value)."""
+    hits = out["results"][offset:]
+    if score_threshold is not None:
+        hits = [h for h in hits if h["score"] >= score_threshold]
+    out["results"] = hits
+    if offset:
+        out["offset"] = offset
+    return out
 
 
 def set_torch_threads(n: int | None) -> None:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, File, Query, Request, Response, UploadFi
 from starlette.concurrency import run_in_threadpool
 
 from regis.retrieve.query import QueryEngine
-from service.deps import get_engine, get_settings
+from service.deps import get_engine, get_settings, search_extras
 from service.errors import APIError
 from service.schemas import ErrorResponse, SearchResponse
 from service.searching import run_search
@@ -44,6 +44,7 @@ async def search(
     explain: Annotated[bool, Query(description="add each result's explanation (which result token each query "
                                                "token matched, its similarity and share of the score, ROI boxes) "
                                                "and the query's tokens")] = False,
+    extras: Annotated[dict, Depends(search_extras)] = None,
 ) -> dict:
     """Rank the indexed images by MaxSim similarity to the uploaded image (with ``explain=true``: and say why)."""
     k = k or settings.default_k
@@ -58,10 +59,13 @@ async def search(
             413, "payload_too_large", f"upload is larger than the limit of {settings.max_upload_bytes:,} bytes"
         )
     data = await read_upload(file, settings.max_upload_bytes)
+    if explain and extras:
+        raise APIError(422, "invalid_parameter", "explain=true does not combine with filter, offset or "
+                                                 "score_threshold yet")
     if explain:
         from regis.retrieve.explain import search_explained
 
         result = await run_in_threadpool(search_explained, engine, data, k=k, depth=depth, mode=mode)
         request.app.state.metrics.observe_search(result["timings_ms"])
         return result
-    return await run_search(request, response, engine, data, k=k, depth=depth, mode=mode)
+    return await run_search(request, response, engine, data, k=k, depth=depth, mode=mode, **extras)

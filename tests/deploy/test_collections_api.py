@@ -66,11 +66,26 @@ def test_collections_are_created_filled_searched_and_deleted(client, images_root
     assert client.get(f"/v1/collections/alpha/images/{image_id}").json()["path"] == f"photos/{a_photo.name}"
     assert client.get(f"/v1/collections/alpha/images/{image_id}/file").content == a_photo.read_bytes()
 
+    # metadata: PATCH (merge patch, null removes), uploads keep their file name, filters see both
+    r = client.patch(f"/v1/collections/alpha/images/{image_id}", json={"metadata": {"album": "trip", "x": 1}})
+    assert r.status_code == 200 and r.json()["metadata"]["album"] == "trip", r.text
+    r = client.patch(f"/v1/collections/alpha/images/{image_id}", json={"metadata": {"x": None}})
+    assert set(r.json()["metadata"]) == {"album", "file"} and r.json()["index_version"] == 3
+    up = client.post("/v1/collections/alpha/images", files=[("files", ("holiday.jpg", b_photo.read_bytes()))],
+                     data={"metadata": '{"album": "trip"}'})
+    assert up.status_code == 201, up.text
+    trip = client.get("/v1/collections/alpha/images", params={"filter": "album:trip"}).json()
+    assert trip["total"] == 2 and {im["metadata"]["file"]["name"] for im in trip["images"]} == {a_photo.name,
+                                                                                                "holiday.jpg"}
+    hits = _search(client, "/v1/collections/alpha", b_photo.read_bytes(), k=5, filter="album:trip").json()
+    assert [h["metadata"]["file"]["name"] for h in hits["results"]][0] == "holiday.jpg" and len(hits["results"]) == 2
+    assert client.get("/v1/images", params={"filter": "album:trip"}).json()["total"] == 0  # not in the default
+
     listed = {c["name"]: c for c in client.get("/v1/collections").json()["collections"]}
-    assert set(listed) == {"alpha", "default"} and listed["alpha"]["images"] == 12
+    assert set(listed) == {"alpha", "default"} and listed["alpha"]["images"] == 13
     assert listed["default"]["default"] and not listed["alpha"]["default"]
     info = client.get("/v1/collections/alpha").json()
-    assert info["backbone"] == "vit-tiny-reg4-test" and info["loaded"] and info["index_version"] == 1
+    assert info["backbone"] == "vit-tiny-reg4-test" and info["loaded"] and info["index_version"] == 4
 
     for path in ("/v1/collections/nope", "/v1/collections/nope/images/0"):
         assert client.get(path).json()["error"]["code"] == "collection_not_found"

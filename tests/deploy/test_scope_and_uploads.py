@@ -123,7 +123,8 @@ def test_uploads_are_idempotent_and_deletes_remove_their_files(tmp_path, photos_
     s, p, h = stage_upload(uploads, batch2, 0, data, "PNG")
     meta = add_images(index, uploads, tiny_encoder, [NewImage(p, s, h, {"tag": "cup"}, "again")], opts)
     assert meta.version == 2 and meta.images[0]["id"] == 0
-    assert IndexSnapshot.open(index).table.get(0).metadata == {"tag": "cup"}
+    stored = IndexSnapshot.open(index).table.get(0).metadata
+    assert stored["tag"] == "cup" and stored["file"]["name"] == "f0" and set(stored) == {"tag", "file"}
 
     stored = upload_file(uploads, first[1])
     assert stored.is_file()

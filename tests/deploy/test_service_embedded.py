@@ -87,7 +87,9 @@ def test_uploads_deletes_and_rescans(client, images_root):
     assert body["index_version"] == 2 and [im["status"] for im in body["images"]] == ["added", "added"]
     moon_id, china_id = (im["id"] for im in body["images"])
     info = client.get(f"/v1/images/{china_id}").json()
-    assert info["metadata"] == {"title": "china"} and info["path"].startswith(".uploads/")
+    assert info["path"].startswith(".uploads/")  # the original file name is kept in the file facts
+    assert info["metadata"] == {"title": "china", "file": {"name": "c.jpg", "uploaded": True, "folder": ".uploads/"
+                                                         + info["path"].split("/")[1], "ext": "jpg"}}
     f = client.get(f"/v1/images/{china_id}/file")
     assert f.status_code == 200 and f.content == china and f.headers["content-type"] == "image/jpeg"
     assert (images_root / ".uploads").is_dir() and not any((images_root / ".uploads" / ".staging").iterdir())

@@ -1,0 +1,170 @@
+"""Metadata filters: a small JSON filter language compiled to a SQL ``WHERE`` clause on the image table.
+
+A filter is a JSON object. Each key names a field, each value a condition; several keys must all hold::
+
+    {"album": "trip"}                              equality (strings, numbers, booleans)
+    {"year": {"gte": 2020, "lt": 2024}}            ranges: gt, gte, lt, lte (numbers or ISO date strings)
+    {"camera": {"in": ["X100V", "GR III"]}}        one of a list (at most 1000 values)
+    {"album": {"ne": "work"}}                      not equal (images without the field match too)
+    {"gps": {"exists": true}}                      the field is present (false: absent)
+    {"or": [{"album": "trip"}, {"year": 2023}]}    any of; "and": all of; "not": negation
+
+Fields: the image table's columns ``id``, ``path``, ``sha256``, ``width``, ``height``, ``bytes`` (alias
+``size``), ``mtime`` (seconds since the epoch); anything else is a key of the image's JSON metadata, with dots
+for nesting (``file.camera``, ``file.taken_at``, ``file.folder``, ``file.ext``: the file facts a build records).
+SQLite evaluates it (JSON1 ``json_extract`` / ``json_type``), so no Python loop runs over rows. A string of
+the form ``key:value[,key:value...]`` is accepted as a shorthand for equalities (values parsed as JSON when
+they are, else strings).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from regis.errors import ConfigError
+
+COLUMNS = {"id": "id", "path": "path", "sha256": "sha256", "width": "width", "height": "height", "bytes": "bytes",
+           "size": "bytes", "mtime": "mtime"}
+_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}(\.[A-Za-z0-9_][A-Za-z0-9_-]{0,63}){0,7}$")
+_RANGE_OPS = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+_OPS = {*_RANGE_OPS, "eq", "ne", "in", "exists"}
+MAX_IN = 1000
+MAX_DEPTH = 8
+MAX_CONDITIONS = 64
+
+
+def parse_filter(text: str | None) -> dict | None:
+    """A filter from its query-string form: JSON, or the ``key:value,key:value`` shorthand; None if empty.
+
+    Raises:
+        ConfigError: neither valid JSON object nor shorthand.
+    """
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise ConfigError("filter is not valid JSON") from None
+        if not isinstance(value, dict):
+            raise ConfigError("a filter must be a JSON object")
+        return value
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        key, sep, raw = part.partition(":")
+        if not sep or not key.strip():
+            raise ConfigError(f"filter shorthand must be key:value[,key:value...], got {part[:80]!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if isinstance(value, (dict, list)):
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def _field(key: str) -> str:
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise ConfigError(f"invalid filter field {str(key)[:80]!r}: use letters, digits, '_' and '-', with '.' "
+                          "between nested keys")
+    if key in COLUMNS:
+        return COLUMNS[key]
+    return "json_extract(metadata, '$." + key + "')"  # the key is checked above: no quote can reach the SQL
+
+
+def _type_of(key: str) -> str:
+    return "(CASE WHEN id IS NULL THEN NULL ELSE 'column' END)" if key in COLUMNS else \
+        "json_type(metadata, '$." + key + "')"
+
+
+def _scalar(value: Any, key: str) -> Any:
+    if isinstance(value, bool):
+        return int(value)  # JSON true/false come out of json_extract as 1/0
+    if value is None or isinstance(value, (int, float, str)):
+        if isinstance(value, str) and len(value) > 1000:
+            raise ConfigError(f"filter value for {key!r} is longer than 1000 characters")
+        return value
+    raise ConfigError(f"filter value for {key!r} must be a string, number, boolean or null")
+
+
+class _Compiler:
+    def __init__(self):
+        self.params: list[Any] = []
+        self.conditions = 0
+
+    def node(self, f: Any, depth: int) -> str:
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"filter is nested deeper than {MAX_DEPTH} levels")
+        if not isinstance(f, dict) or not f:
+            raise ConfigError("a filter (and each part of and/or/not) must be a non-empty JSON object")
+        parts = []
+        for key, value in f.items():
+            if key in ("and", "or"):
+                if not isinstance(value, list) or not value:
+                    raise ConfigError(f"'{key}' takes a non-empty list of filters")
+                joined = f" {key.upper()} ".join(self.node(v, depth + 1) for v in value)
+                parts.append(f"({joined})")
+            elif key == "not":
+                parts.append(f"(NOT {self.node(value, depth + 1)})")
+            else:
+                parts.append(self.condition(key, value))
+        return "(" + " AND ".join(parts) + ")"
+
+    def condition(self, key: str, cond: Any) -> str:
+        self.conditions += 1
+        if self.conditions > MAX_CONDITIONS:
+            raise ConfigError(f"a filter may hold at most {MAX_CONDITIONS} conditions")
+        field = _field(key)
+        if not isinstance(cond, dict):
+            cond = {"eq": cond}
+        if not cond:
+            raise ConfigError(f"empty condition for {key!r}")
+        parts = []
+        for op, value in cond.items():
+            if op not in _OPS:
+                raise ConfigError(f"unknown filter operator {str(op)[:40]!r} for {key!r}; use eq, ne, in, gt, gte, "
+                                  "lt, lte or exists")
+            if op == "exists":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"'exists' for {key!r} takes true or false")
+                parts.append(f"({_type_of(key)} IS {'NOT ' if value else ''}NULL)")
+            elif op == "in":
+                if not isinstance(value, list) or not value or len(value) > MAX_IN:
+                    raise ConfigError(f"'in' for {key!r} takes a list of 1 to {MAX_IN} values")
+                self.params.extend(_scalar(v, key) for v in value)
+                parts.append(f"({field} IN ({','.join('?' * len(value))}))")
+            elif op == "eq":
+                if value is None:
+                    parts.append(f"({_type_of(key)} = 'null')")
+                else:
+                    self.params.append(_scalar(value, key))
+                    parts.append(f"({field} = ?)")
+            elif op == "ne":
+                self.params.append(_scalar(value, key))
+                parts.append(f"({field} IS NOT ?)")
+            else:
+                if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                    raise ConfigError(f"'{op}' for {key!r} takes a number or a string")
+                self.params.append(value)
+                parts.append(f"({field} {_RANGE_OPS[op]} ?)")
+        return "(" + " AND ".join(parts) + ")"
+
+
+def compile_filter(f: dict) -> tuple[str, list[Any]]:
+    """A filter -> (SQL boolean expression over the ``images`` table, its parameters).
+
+    Raises:
+        ConfigError: a malformed filter (the message names the field or operator).
+    """
+    compiler = _Compiler()
+    sql = compiler.node(f, 0)
+    return sql, compiler.params
+
+
+def canonical(f: dict) -> str:
+    """A stable text form of a filter (a cache key)."""
+    return json.dumps(f, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,110 @@
+"""Filtered search: only images whose table row matches a metadata filter (``regis.indexes.filters``) are ranked.
+
+The filter runs in SQLite once per index version and filter (the allowed ids are cached per snapshot: a
+snapshot never changes). Then:
+
+- a selective filter (at most ``exact_limit`` allowed images) is answered by exact MaxSim over the allowed
+  set: k results whenever k images match, equal to exact scoring;
+- otherwise the ANN candidates are filtered before the rerank; when fewer than k of them pass, the candidate
+  depth is raised (x4 up to ``MAX_DEPTH``) and, if still short, the allowed set is scored exactly. So a filtered
+  search returns min(k, allowed) results.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import OrderedDict
+
+import numpy as np
+
+from regis.indexes.filters import canonical, compile_filter
+from regis.indexes.snapshot import IndexSnapshot
+from regis.retrieve.searcher import MAX_DEPTH, Searcher, SearchResult, top_k
+
+EXACT_LIMIT = 4096  # allowed images scored exactly rather than through FAISS (a few ms of MaxSim on CPU)
+_CACHE_SIZE = 64
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def allowed_ids(snapshot: IndexSnapshot, where: dict) -> np.ndarray:
+    """Ids of the snapshot's images matching filter ``where``: (n,) int64, ascending. Cached per snapshot and
+    filter (LRU of 64 filters).
+
+    Raises:
+        ConfigError: a malformed filter.
+    """
+    key = canonical(where)
+    with _cache_lock:
+        per_snapshot = _cache.setdefault(snapshot, OrderedDict())
+        hit = per_snapshot.get(key)
+        if hit is not None:
+            per_snapshot.move_to_end(key)
+            return hit
+    sql, params = compile_filter(where)
+    ids = snapshot.table.ids_where(sql, params)
+    ids.setflags(write=False)
+    with _cache_lock:
+        per_snapshot[key] = ids
+        while len(per_snapshot) > _CACHE_SIZE:
+            per_snapshot.popitem(last=False)
+    return ids
+
+
+def exact_over(searcher: Searcher, query: np.ndarray, ids: np.ndarray, k: int,
+               chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """Exact MaxSim of ``query`` (m, D) against the float16 tokens of ``ids`` (n,), top k (ids, scores)."""
+    best_ids = np.zeros(0, dtype=np.int64)
+    best_scores = np.zeros(0, dtype=np.float32)
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        scores = searcher.rerank(query, part)
+        best_ids, best_scores = top_k(np.concatenate([best_ids, part]), np.concatenate([best_scores, scores]), k)
+    return best_ids, best_scores
+
+
+def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, k: int = 10,
+                    depth: int | None = None, mode: str = "ann", nprobe: int | None = None,
+                    exact_limit: int = EXACT_LIMIT) -> SearchResult:
+    """Rank only the ``allowed`` images (ascending int64 ids, e.g. from ``allowed_ids``) for one query.
+
+    Args:
+        searcher: the searcher of the snapshot ``allowed`` comes from.
+        query: (m, D) float32 unit-norm query tokens.
+        allowed: (n,) int64 ascending image ids.
+        k, depth, nprobe: as ``Searcher.search``.
+        mode: "ann" (filtered candidates, exact fallback) or "exact" (score every allowed image).
+        exact_limit: allowed sets up to this size are always scored exactly.
+
+    Returns:
+        A ``SearchResult`` of min(k, n) images; ``num_candidates`` counts the images scored.
+
+    Raises:
+        ConfigError: bad shapes or parameters.
+    """
+    depth = depth or searcher.default_depth
+    query = searcher._check_query(query, k, depth)
+    allowed = allowed[searcher.snapshot.store.is_live(allowed)] if len(allowed) else allowed
+    t0 = time.perf_counter()
+    if mode == "exact" or len(allowed) <= max(exact_limit, k):
+        ids, scores = exact_over(searcher, query, allowed, k)
+        return SearchResult(ids, scores, len(allowed), {"candidates": 0.0, "rerank": (time.perf_counter() - t0) * 1e3},
+                            depth=None if mode == "exact" else depth)
+    d = depth
+    while True:
+        cand = searcher.candidates(query, d, nprobe)
+        cand = cand[np.isin(cand, allowed, assume_unique=True)]
+        if len(cand) >= k or d >= MAX_DEPTH:
+            break
+        d = min(MAX_DEPTH, d * 4)
+    t1 = time.perf_counter()
+    if len(cand) >= k:
+        ids, scores = searcher._rank(query, cand, k)
+        n = len(cand)
+    else:  # the filter keeps too few of even the deepest candidates: score the allowed set exactly
+        ids, scores = exact_over(searcher, query, allowed, k)
+        n = len(allowed)
+    return SearchResult(ids, scores, n, {"candidates": (t1 - t0) * 1e3, "rerank": (time.perf_counter() - t1) * 1e3},
+                        depth=d)

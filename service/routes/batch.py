@@ -1,0 +1,44 @@
+"""POST /v1/search/batch: several query images in one request, through the batched search path."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
+
+from regis.retrieve.query import QueryEngine
+from service.deps import get_engine, get_settings, search_extras
+from service.errors import APIError
+from service.routes.search import read_upload
+from service.schemas import BatchSearchResponse, ErrorResponse
+from service.searching import run_search_batch
+from service.settings import Settings
+
+router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{collection} (service.app)
+
+
+@router.post("/search/batch", response_model=BatchSearchResponse, response_model_exclude_unset=True,
+             responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 503)})
+async def search_batch(
+    request: Request,
+    files: Annotated[list[UploadFile], File(description="query images, one result list each, in order")],
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    extras: Annotated[dict, Depends(search_extras)],
+    k: Annotated[int | None, Query(ge=1, le=1000, description="results per query")] = None,
+    depth: Annotated[int | None, Query(ge=1, le=4096, description="candidates per query token (k')")] = None,
+    mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
+) -> dict:
+    """Rank the indexed images for each uploaded image: one encoder pass and one batched candidate search for
+    all of them (the same results as one request per image). At most REGIS_MAX_UPLOAD_FILES images."""
+    k = k or settings.default_k
+    depth = depth or settings.default_depth
+    if k > settings.max_k:
+        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
+    if depth is not None and depth > settings.max_depth:
+        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    if len(files) > settings.max_upload_files:
+        raise APIError(413, "too_many_files", f"at most {settings.max_upload_files} query images per request")
+    images = [await read_upload(f, settings.max_upload_bytes) for f in files]
+    results = await run_search_batch(request, engine, images, k=k, depth=depth, mode=mode, **extras)
+    return {"results": results}

@@ -1,0 +1,132 @@
+"""GET /v1/images (list, paged and filtered), GET /v1/images/{id}/similar ("more like this"), PATCH
+/v1/images/{id} (metadata), GET /v1/images/{id}/thumbnail; also under /v1/collections/{collection}."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from regis.jobs.model import JobSpec
+from regis.jobs.queue import JobQueue
+from regis.retrieve.query import QueryEngine
+from service import thumbnails, uploads
+from service.deps import get_engine, get_jobs, get_live, get_settings, search_extras
+from service.errors import APIError
+from service.jobs import await_job
+from service.live import LiveIndex
+from service.params import ImageId
+from service.routes.images import image_path
+from service.schemas import ErrorResponse, ImageList, MetadataPatchResponse, SearchResponse
+from service.searching import run_search_id
+from service.settings import Settings
+
+router = APIRouter(prefix="/images", tags=["images"])  # under /v1 and /v1/collections/{collection}
+_ERRORS = {code: {"model": ErrorResponse} for code in (403, 404, 409, 422, 503)}
+
+
+@router.get("", response_model=ImageList, responses=_ERRORS)
+async def list_images(
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    extras: Annotated[dict, Depends(search_extras)],
+    limit: Annotated[int, Query(ge=1, le=1000, description="images per page")] = 100,
+) -> dict:
+    """The indexed images in id order, ``limit`` per page from ``offset``, optionally filtered by metadata
+    (``filter``: the search filter language). ``total`` counts every image matching the filter."""
+    from regis.indexes.filters import compile_filter
+
+    if "score_threshold" in extras:
+        raise APIError(422, "unknown_parameter", "score_threshold applies to searches only")
+    where, params = compile_filter(extras["where"]) if "where" in extras else (None, [])
+    snapshot = engine.snapshot
+    offset = extras.get("offset", 0)
+    records, total = await run_in_threadpool(snapshot.table.select_where, where, params, limit, offset)
+    return {"index_version": snapshot.version, "total": total, "offset": offset, "limit": limit,
+            "images": [rec.__dict__ for rec in records]}
+
+
+@router.get("/{image_id}/similar", response_model=SearchResponse, response_model_exclude_unset=True,
+            responses=_ERRORS)
+async def similar_images(
+    request: Request,
+    response: Response,
+    image_id: ImageId,
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    extras: Annotated[dict, Depends(search_extras)],
+    k: Annotated[int | None, Query(ge=1, le=1000, description="results to return")] = None,
+    depth: Annotated[int | None, Query(ge=1, le=4096, description="candidates per query token (k')")] = None,
+    mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
+) -> dict:
+    """"More like this": search with the stored tokens of an indexed image (no upload, no encoding). The image
+    itself comes first (score = its self-similarity)."""
+    k = k or settings.default_k
+    if k > settings.max_k:
+        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
+    depth = depth or settings.default_depth
+    if depth is not None and depth > settings.max_depth:
+        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    return await run_search_id(request, engine, image_id, k=k, depth=depth, mode=mode, **extras)
+
+
+@router.patch("/{image_id}", response_model=MetadataPatchResponse, responses={202: {"model": MetadataPatchResponse},
+                                                                             **_ERRORS})
+async def patch_metadata(
+    image_id: ImageId,
+    response: Response,
+    queue: Annotated[JobQueue, Depends(get_jobs)],
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    live: Annotated[LiveIndex, Depends(get_live)],
+    metadata: Annotated[dict, Body(embed=True, description="JSON merge patch of the image's metadata: keys "
+                                                           "replace, null removes ('file' facts are kept)")],
+    replace: Annotated[bool, Query(description="replace the whole user metadata instead of merging")] = False,
+    wait: Annotated[bool, Query(description="wait for the index job (up to REGIS_WRITE_WAIT_S)")] = True,
+) -> dict:
+    """Change an image's metadata (a new index version; the image keeps its id and tokens)."""
+    import json
+
+    if len(json.dumps(metadata)) > uploads.MAX_METADATA_BYTES:
+        raise APIError(422, "invalid_metadata", f"metadata is larger than {uploads.MAX_METADATA_BYTES:,} bytes")
+    if engine.snapshot.table.get(image_id) is None:
+        raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
+                                               f"{engine.snapshot.version}")
+    spec = JobSpec(kind="metadata", ids=[image_id], metadata=metadata, replace_metadata=replace)
+    info = await run_in_threadpool(queue.submit, spec)
+    if wait and settings.write_wait_s > 0:
+        info = await await_job(queue, live, info.id, settings.write_wait_s) or info
+    if info.state == "failed":
+        raise uploads.job_failure(info)
+    body = {"id": image_id, "job_id": info.id, "state": info.state, "index_version": live.version}
+    if info.state != "done":
+        response.status_code = 202
+        response.headers["Location"] = f"/v1/jobs/{info.id}"
+        return body
+    return {**body, "metadata": (info.result or {}).get("metadata")}
+
+
+@router.get("/{image_id}/thumbnail", responses={**_ERRORS, 304: {"description": "not modified"},
+                                                200: {"content": {"image/jpeg": {}, "image/webp": {}}}})
+async def thumbnail(
+    request: Request,
+    image_id: ImageId,
+    engine: Annotated[QueryEngine, Depends(get_engine)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    size: Annotated[int, Query(ge=16, le=1024, description="longest side, pixels")] = 256,
+    format: Annotated[Literal["jpeg", "webp"], Query(description="image format")] = "jpeg",
+) -> Response:
+    """A small copy of an image (longest side ``size`` px), made once and cached on disk by content; ``ETag``
+    and ``Cache-Control`` let browsers keep it (``If-None-Match`` -> 304)."""
+    rec = engine.snapshot.table.get(image_id)
+    if rec is None:
+        raise APIError(404, "image_not_found", f"no image with id {image_id}")
+    etag = thumbnails.etag(rec.sha256, size, format)
+    headers = {"ETag": etag, "Cache-Control": thumbnails.CACHE_CONTROL}
+    if etag in (request.headers.get("if-none-match") or ""):
+        return Response(status_code=304, headers=headers)
+    source = image_path(engine, settings, image_id)
+    cache_dir = settings.index_dir / thumbnails.CACHE_DIR
+    data = await run_in_threadpool(thumbnails.thumbnail, source, rec.sha256, size, format, cache_dir,
+                                   settings.max_pixels)
+    return Response(data, media_type=f"image/{format}", headers=headers)
