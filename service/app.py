@@ -16,6 +16,7 @@ from service.errors import install_error_handlers
 from service.limits import JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
 from service.routes import batch, collections, explain, gallery, health, images, jobs, metrics, search
+from service.schemas import ErrorResponse
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -145,7 +146,7 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
     for routes, limit in routers:
         app.include_router(routes.router, prefix="/v1", max_body_size=limits[limit], dependencies=[strict])
         app.include_router(routes.router, prefix=COLLECTION_PREFIX, dependencies=[Depends(collection_path), strict],
-                           max_body_size=limits[limit])
+                           max_body_size=limits[limit], responses={404: {"model": ErrorResponse}})
     app.include_router(metrics.router)
 
     @app.get("/", include_in_schema=False)

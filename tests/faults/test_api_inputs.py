@@ -56,7 +56,7 @@ def test_delete_of_a_non_integer_id_deletes_nothing(client):
 
 
 def test_405_says_which_methods_the_path_allows(client):
-    for method, path, allowed in [("TRACE", "/v1/images/1", "DELETE, GET"), ("PUT", "/v1/images", "POST"),
+    for method, path, allowed in [("TRACE", "/v1/images/1", "DELETE, GET, PATCH"), ("PUT", "/v1/images", "GET, POST"),
                                   ("TRACE", "/healthz", "GET"), ("DELETE", "/v1/jobs", "GET")]:
         r = client.request(method, path)
         assert r.status_code == 405 and r.headers.get("allow") == allowed, (method, path, r.headers)
