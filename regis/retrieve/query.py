@@ -166,7 +166,8 @@ class QueryEngine:
         """
         searcher = self.searcher
         if extra.get("where") or extra.get("offset") or extra.get("score_threshold") is not None:
-            return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra) for q in tokens]
+            return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra)
+                    for q in tokens]
         if mode == "ann":
             results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe, candidates=candidates)
         else:
