@@ -56,6 +56,9 @@ from regis.indexes.weights_copy import store_weights
 from regis.models.encoder import EncoderConfig, WeightsInfo
 
 DEFAULT_KEEP_VERSIONS = 3
+# Token segments one version may reference. Every write adds a segment and every open version maps each of its
+# segments (one file descriptor each), so past this many the small ones are merged (``_compact_segments``).
+MAX_SEGMENTS = 8
 _ADD_CHUNK = 16384  # images per FAISS add call while rebuilding
 
 
@@ -368,6 +371,38 @@ class IndexWriter:
         fsync_dir(self.dir / SEGMENTS_DIR)
         self.segments.append(SegmentInfo(file=self._seg_name, rows=self._seg_rows))
 
+    def _compact_segments(self, max_segments: int = MAX_SEGMENTS) -> None:
+        """Bound the segments this version references: past ``max_segments``, merge every segment but the
+        largest into one new segment holding only their live rows (deleted and replaced rows are dropped), and
+        point ``locations`` at it. Segment files are immutable: the merged ones stay for the kept older
+        versions and are garbage-collected with them. Tiered like an LSM: the big base segment is rewritten
+        only when it is the small one."""
+        if len(self.segments) <= max_segments:
+            return
+        largest = max(range(len(self.segments)), key=lambda i: self.segments[i].rows)
+        merged = [i for i in range(len(self.segments)) if i != largest]
+        store = self._store()
+        seg_of = self.locations[: self.next_id, 0]
+        ids = np.flatnonzero(np.isin(seg_of, merged))  # live ids stored in the merged segments, ascending
+        name = f"seg-{uuid.uuid4().hex}.f16"
+        tmp = self.dir / SEGMENTS_DIR / f"{TMP_PREFIX}{name}"
+        with open(tmp, "wb") as f:
+            for _, tokens in store.iter_chunks(_ADD_CHUNK, ids):
+                f.write(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / SEGMENTS_DIR / name)
+        fsync_dir(self.dir / SEGMENTS_DIR)
+        remap = np.full(len(self.segments), -1, dtype=np.int64)
+        remap[largest] = 0
+        live = seg_of >= 0
+        new_seg = seg_of.copy()
+        new_seg[live] = remap[seg_of[live]]
+        new_seg[ids] = 1
+        self.locations[: self.next_id, 0] = new_seg
+        self.locations[ids, 1] = np.arange(len(ids), dtype=np.int64)
+        self.segments = [self.segments[largest], SegmentInfo(file=name, rows=len(ids))]
+
     def _store(self) -> TokenStore:
         return TokenStore(self.dir / SEGMENTS_DIR, self.segments, self.locations[: self.next_id], self.T, self.D)
 
@@ -441,6 +476,7 @@ class IndexWriter:
 
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()
+        self._compact_segments()
         store_weights(self.dir, self.weights)  # fine-tuned weights travel with the index (by content hash)
         crash_point("writer.segment-written")
         store = self._store()
