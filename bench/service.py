@@ -11,7 +11,11 @@ without and with dynamic batching, side by side in one run.
 2. ``python -m regis serve --index ... --port ...`` in a subprocess on 127.0.0.1, env ``REGIS_TORCH_THREADS``
    from ``--torch-threads``; one server per ``--modes`` entry: ``unbatched`` (``REGIS_BATCH_MAX_SIZE=1``, each
    request encoded alone, as before dynamic batching) and ``batched`` (the settings' defaults, or
-   ``--batch-max-size`` / ``--batch-max-wait-ms``).
+   ``--batch-max-size`` / ``--batch-max-wait-ms``); ``ray``: the same index split into ``--shards`` shards
+   (``regis.sharding.write.split_index``) served by ``cluster.serve`` on a local one-node Ray cluster of
+   ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment per shard, the ingress).
+   Every server is started first; then each concurrency level runs once per mode, one mode after the other
+   (interleaved, so that a shared machine's changing load falls on every mode alike).
 3. Clients: ``c`` threads with one ``httpx.Client`` each, POST /v1/search with a 640 px JPEG from
    ``bench.indexing``'s photo set, ``--requests`` requests in all per level (bounded); latency per request
    (upload -> JSON parsed), throughput = requests / wall time. The server's own timings (decode, encode,
@@ -158,6 +162,50 @@ def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
+def start_ray(index, args):
+    """The index split into ``args.shards`` shards (cached) behind Ray Serve on a local Ray cluster; returns a
+    stop function and the base URL once /readyz answers."""
+    import httpx
+    import ray
+    from ray import serve
+
+    from cluster.local import LocalRayCluster
+    from cluster.serve import start
+    from cluster.settings import RaySettings
+    from regis.sharding.layout import is_sharded
+    from regis.sharding.write import split_index
+    from service.settings import Settings
+
+    collection = index.with_name(f"{index.name}-shards{args.shards}")
+    if not is_sharded(collection):
+        split_index(index, collection, args.shards)
+    cluster = LocalRayCluster(head_cpus=args.ray_cpus, workers=0, object_store_bytes=500 * 1024**2).start()
+
+    def stop():
+        try:
+            serve.shutdown()
+            ray.shutdown()
+        finally:
+            cluster.stop()
+
+    try:
+        ray.init(address=cluster.address, namespace="regis-bench", log_to_driver=False)
+        settings = RaySettings(http_port=free_port(), proxy_location="HeadOnly", encoder_num_cpus=1,
+                               shard_num_cpus=0.25, ingress_num_cpus=0.25, app_name="regis-bench",
+                               max_batch_size=args.batch_max_size or 16,
+                               batch_wait_timeout_s=(args.batch_max_wait_ms or 5.0) / 1e3)
+        base = start(collection, Settings(index_dir=collection), settings)
+        deadline = time.monotonic() + 600
+        while httpx.get(base + "/readyz", timeout=30).status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit("the Ray Serve application did not become ready")
+            time.sleep(1)
+    except BaseException:
+        stop()
+        raise
+    return stop, base
+
+
 def mode_env(mode: str, args) -> dict:
     """The server's environment for a mode: ``unbatched`` or ``batched``."""
     env = dict(os.environ)
@@ -171,7 +219,7 @@ def mode_env(mode: str, args) -> dict:
         if args.batch_max_wait_ms is not None:
             env["REGIS_BATCH_MAX_WAIT_MS"] = str(args.batch_max_wait_ms)
     else:
-        raise SystemExit(f"unknown mode {mode!r} (unbatched, batched)")
+        raise SystemExit(f"unknown mode {mode!r} (unbatched, batched, ray)")
     return env
 
 
@@ -183,7 +231,9 @@ def main() -> None:
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (at least one per client)")
     p.add_argument("--torch-threads", type=int, default=None)
-    p.add_argument("--modes", default="unbatched,batched", help="comma-separated: unbatched, batched")
+    p.add_argument("--modes", default="unbatched,batched", help="comma-separated: unbatched, batched, ray")
+    p.add_argument("--shards", type=int, default=2, help="ray mode: shards of the collection")
+    p.add_argument("--ray-cpus", type=int, default=2, help="ray mode: logical CPUs of the local Ray node")
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
     p.add_argument("--batch-max-wait-ms", type=float, default=None, help="batched mode: REGIS_BATCH_MAX_WAIT_MS")
     args = p.parse_args()
@@ -198,18 +248,24 @@ def main() -> None:
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     rows = []
-    for mode in args.modes.split(","):
-        server, base = start_server(index, mode_env(mode, args))
-        try:
-            url = base + "/v1/search"
-            run_level(url, payloads, 1, 4)  # warm-up
-            for c in [int(x) for x in args.clients.split(",")]:
-                row = {"mode": mode, **run_level(url, payloads, c, max(args.requests, c))}
+    modes = args.modes.split(",")
+    servers: dict[str, tuple] = {}
+    try:
+        for mode in modes:
+            if mode == "ray":
+                servers[mode] = start_ray(index, args)
+            else:
+                proc, base = start_server(index, mode_env(mode, args))
+                servers[mode] = (lambda proc=proc: (proc.terminate(), proc.wait(timeout=30)), base)
+            run_level(servers[mode][1] + "/v1/search", payloads, 1, 4)  # warm-up
+        for c in [int(x) for x in args.clients.split(",")]:
+            for mode in modes:
+                row = {"mode": mode, **run_level(servers[mode][1] + "/v1/search", payloads, c, max(args.requests, c))}
                 rows.append(row)
                 print("row:", json.dumps(row), flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    finally:
+        for stop, _ in servers.values():
+            stop()
     print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | server decode ms | "
           "server encode ms | server candidates ms | server rerank ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -352,3 +352,14 @@ def serve_forever(collection: Path | str, service: Settings, settings: RaySettin
         pass
     finally:
         serve.delete(settings.app_name)
+
+
+def app_from_args(args: dict):
+    """Serve application builder for Serve config files and KubeRay (``import_path: cluster.serve:app_from_args``).
+
+    Args:
+        args: {"collection": the collection folder, "weights": optional weights path}; other service and Ray
+            settings come from the REGIS_* and REGIS_RAY_* environment variables.
+    """
+    collection = Path(args["collection"])
+    return build_app(collection, Settings(index_dir=collection), RaySettings(), args.get("weights"))
