@@ -16,6 +16,10 @@ import time
 import numpy as np
 import pytest
 
+if os.environ.get("REGIS_TEST_RAY") != "1":
+    pytest.skip("set REGIS_TEST_RAY=1 to run the local Ray cluster tests: they start two Ray nodes (several minutes "
+                "on 2 shared cores) and end with `ray stop --force`, which stops every Ray process of the machine, so "
+                "they are opt-in where several people share one", allow_module_level=True)
 pytest.importorskip("ray", reason="the Ray tests need the ray extra: pip install 'regis[ray]'")
 
 from cluster.local import LocalRayCluster  # noqa: E402
