@@ -12,12 +12,16 @@ leaves nothing half-written, and a retried job redoes only what was not committe
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import signal
 import socket
+import time
 from pathlib import Path
 
+import redis
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -130,6 +134,7 @@ def perform_job(spec: dict) -> dict:
     from indexer.jobs import JobContext, execute_job
     from regis.jobs.rq_queue import JobReporter
 
+    _die_with_worker()
     job = get_current_job()
     settings = _current_settings()
     reporter = JobReporter(job)
@@ -168,6 +173,26 @@ def perform_job(spec: dict) -> dict:
     return {"ok": True, "result": result}
 
 
+_worker_pid: int | None = None  # the worker process (set by run_worker; the work horses are its children)
+
+
+def _die_with_worker() -> None:
+    """Linux: the work horse gets SIGKILL when the worker process that forked it dies (``PR_SET_PDEATHSIG``).
+
+    RQ puts the horse in its own process group, so killing only the worker process used to leave the horse
+    running the job while another worker re-ran it after the heartbeat expired: the same job twice at once.
+    Now a job runs in at most one process; the retry starts after the first execution is gone."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux") or _worker_pid is None:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != _worker_pid:  # the worker died before the prctl: do not run the job
+        os._exit(1)
+
+
 def _worker_class():
     from rq import Worker
 
@@ -193,7 +218,9 @@ def default_worker_name() -> str:
 def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None = None,
                log_level: str = "INFO") -> None:
     """Take jobs from the queue until stopped (SIGTERM: finish the current job, then stop; a second
-    signal kills it, and the job is retried elsewhere).
+    signal kills it, and the job is retried elsewhere). When Redis fails under it, the worker stops the job in
+    flight, waits for Redis with exponential backoff and starts again (the job is re-queued once its heartbeat
+    lapses); its connection retries brief blips itself (redis-py ``Retry``).
 
     Args:
         settings: worker settings.
@@ -204,31 +231,66 @@ def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None =
     Raises:
         QueueUnavailableError: Redis cannot be reached at startup.
     """
-    global _settings
+    global _settings, _worker_pid
     from rq import Queue
     from rq.serializers import JSONSerializer
 
     from regis.jobs.rq_queue import redis_connection, redis_location, unavailable_as
 
     _settings = settings
+    _worker_pid = os.getpid()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import indexer.jobs  # noqa: F401  (torch, timm and the indexer load once; each work horse inherits them)
 
-    conn = redis_connection(settings.redis_url)
+    conn = redis_connection(settings.redis_url, retries=3)
     names = RedisNames(settings.redis_prefix)
     with unavailable_as(f"Redis at {redis_location(settings.redis_url)} cannot be reached"):
         conn.ping()
     queue = Queue(names.queue, connection=conn, serializer=JSONSerializer)
-    worker = _worker_class()(
-        [queue], connection=conn, serializer=JSONSerializer, name=name or default_worker_name(),
-        job_monitoring_interval=settings.job_monitoring_interval_s,
-        maintenance_interval=settings.maintenance_interval_s,
-        worker_ttl=settings.maintenance_interval_s + 15,  # an idle worker wakes up for maintenance this often
-    )
-    worker.heartbeat_grace_s = settings.heartbeat_grace_s
-    log.info("regis worker %s: queue %s on %s, index %s", worker.name, names.queue,
-             redis_location(settings.redis_url), settings.index_dir)
-    worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
+    base_name = name or default_worker_name()
+    for incarnation in itertools.count():
+        worker = _worker_class()(
+            [queue], connection=conn, serializer=JSONSerializer,
+            name=base_name if incarnation == 0 else f"{base_name}.{incarnation}",
+            job_monitoring_interval=settings.job_monitoring_interval_s,
+            maintenance_interval=settings.maintenance_interval_s,
+            worker_ttl=settings.maintenance_interval_s + 15,  # an idle worker wakes up for maintenance this often
+        )
+        worker.heartbeat_grace_s = settings.heartbeat_grace_s
+        log.info("regis worker %s: queue %s on %s, index %s", worker.name, names.queue,
+                 redis_location(settings.redis_url), settings.index_dir)
+        try:
+            worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:  # from RQ's teardown
+            log.warning("worker %s: Redis failed while stopping: %s", worker.name, exc)
+        if burst or getattr(worker, "_stop_requested", False):
+            return
+        # RQ gave up on a Redis error: stop the job in flight (its heartbeat lapses and any worker re-queues
+        # it), wait for Redis with backoff, and start again: recovery without a restart of the container.
+        if worker.horse_pid:
+            worker.kill_horse(signal.SIGKILL)
+            worker.wait_for_horse()
+        _wait_for_redis(conn, settings.redis_url)
+
+
+def _wait_for_redis(conn, url: str, cap_s: float = 10.0) -> None:
+    """Ping Redis with exponential backoff (redis-py's, base 0.2 s, capped at ``cap_s``) until it answers."""
+    from redis.backoff import ExponentialBackoff
+
+    from regis.jobs.rq_queue import redis_location
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers expect a running worker: a stop now just stops
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    backoff = ExponentialBackoff(cap=cap_s, base=0.2)
+    for failures in itertools.count(1):
+        try:
+            conn.ping()
+            log.warning("Redis at %s answers again: starting over", redis_location(url))
+            return
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            delay = backoff.compute(failures)
+            log.warning("Redis at %s does not answer; trying again in %.1f s", redis_location(url), delay)
+            time.sleep(delay)
 
 
 def check_worker(settings: WorkerSettings, prefix: str | None = None) -> bool:

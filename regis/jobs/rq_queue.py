@@ -39,19 +39,29 @@ DEFAULT_JOB_TIMEOUT_S = 24 * 3600
 DEFAULT_RESULT_TTL_S = 7 * 24 * 3600
 
 
-def redis_connection(url: str, timeout_s: float = 5.0):
+def redis_connection(url: str, timeout_s: float = 5.0, retries: int = 0):
     """A redis-py client for ``url`` with bounded connect and socket timeouts (seconds).
+
+    Args:
+        retries: re-tries of a command after a connection error or timeout, with redis-py's exponential backoff
+            (0.1 s doubling, capped at 2 s); 0 fails at once (the API answers 503 rather than wait).
 
     Raises:
         ConfigError: a malformed URL.
     """
     import redis
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
 
     from regis.errors import ConfigError
 
+    retrying = {}
+    if retries > 0:
+        retrying = {"retry": Retry(ExponentialBackoff(cap=2.0, base=0.1), retries),
+                    "retry_on_error": [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]}
     try:
         return redis.Redis.from_url(url, socket_connect_timeout=min(timeout_s, 2.0), socket_timeout=timeout_s,
-                                    health_check_interval=30)
+                                    health_check_interval=30, **retrying)
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL: {exc}") from None
 

@@ -1,0 +1,129 @@
+"""The worker under faults (issue 14, faults 8 and 9): Redis dying in the middle of a job no longer ends the
+worker, and killing only the worker process no longer leaves its work horse running the job while another
+attempt starts. Each job completes exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from deploy.support import REDIS_SERVER, free_port, kill, regis_process, stop, wait_until
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from regis.jobs.model import JobSpec
+from regis.jobs.names import RedisNames
+from regis.jobs.rq_queue import RedisJobQueue, redis_connection
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server")]
+WORKER_ARGS = ["worker", "--job-monitoring-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1",
+               "--log-level", "info"]
+
+
+class DurableRedis:
+    """A redis-server of this test with an append-only file (jobs survive its restart, as with compose's)."""
+
+    def __init__(self, workdir):
+        self.workdir, self.port, self.proc = workdir, free_port(), None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> DurableRedis:
+        self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        conn = redis_connection(self.url, timeout_s=0.5)
+        wait_until(lambda: _pings(conn), 10, 0.05, "redis-server")
+        return self
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def _pings(conn) -> bool:
+    try:
+        return bool(conn.ping())
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def setup(tmp_path, photos_dir):
+    root = tmp_path / "root"
+    (root / "many").mkdir(parents=True)
+    for src in sorted(photos_dir.iterdir()):
+        for i in range(3):
+            (root / "many" / f"{src.stem}-{i}{src.suffix}").write_bytes(src.read_bytes() + f"copy {i}".encode())
+    redis = DurableRedis(tmp_path).start()
+    env = {"REGIS_REDIS_URL": redis.url, "REGIS_REDIS_PREFIX": "faults", "REGIS_INDEX_DIR": str(tmp_path / "index"),
+           "REGIS_IMAGES_ROOT": str(root), "REGIS_BACKBONE": "vit-tiny-reg4-test", "REGIS_RANDOM_INIT": "true",
+           "REGIS_BUILD_BATCH_SIZE": "2", "REGIS_BUILD_WORKERS": "0", "REGIS_TORCH_THREADS": "1"}
+    procs: list = []
+    yield redis, env, procs
+    for proc in procs:
+        stop(proc, 10)
+    if redis.proc.poll() is None:
+        redis.kill()
+
+
+def _job(redis, job_id) -> Job:
+    return Job.fetch(job_id, connection=redis_connection(redis.url), serializer=JSONSerializer)
+
+
+def _under_way(queue, job_id, at_least: int = 6):
+    wait_until(lambda: (info := queue.get(job_id)) and info.progress.done >= at_least, 120, 0.05,
+               "embedding to be under way")
+
+
+def _done(queue, job_id, timeout_s: float = 180):
+    return wait_until(lambda: (info := queue.get(job_id)) and info.state in ("done", "failed") and info,
+                      timeout_s, 0.1, f"job {job_id}")
+
+
+def test_redis_dying_mid_job_does_not_end_the_worker(setup, tmp_path):
+    redis, env, procs = setup
+    worker = regis_process(WORKER_ARGS, env, tmp_path / "worker.log")
+    procs.append(worker)
+    queue = RedisJobQueue(redis.url, RedisNames("faults"), retries=2)
+    job_id = queue.submit(JobSpec(kind="index", folder="many")).id
+    _under_way(queue, job_id)
+    redis.kill()
+    time.sleep(3)
+    assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]  # it waits for Redis
+    redis.start()
+    info = _done(RedisJobQueue(redis.url, RedisNames("faults")), job_id)
+    assert info.state == "done" and info.result["added"] == 63, info
+    assert worker.poll() is None
+    queue = RedisJobQueue(redis.url, RedisNames("faults"))
+    again = _done(queue, queue.submit(JobSpec(kind="index", folder="many")).id)  # and it takes new jobs
+    assert again.state == "done" and again.result["version"] is None  # nothing changed: no new version
+
+
+def test_killing_only_the_worker_process_takes_its_job_down_with_it(setup, tmp_path):
+    redis, env, procs = setup
+    worker = regis_process(WORKER_ARGS, env, tmp_path / "worker-1.log")
+    procs.append(worker)
+    queue = RedisJobQueue(redis.url, RedisNames("faults"), retries=2)
+    job_id = queue.submit(JobSpec(kind="index", folder="many")).id
+    _under_way(queue, job_id)
+    horse = int(_job(redis, job_id).meta["worker_pid"])
+    os.kill(worker.pid, signal.SIGKILL)  # the worker process only: its horse is in its own process group
+    worker.wait(timeout=10)
+
+    def horse_gone() -> bool:
+        try:
+            os.kill(horse, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(horse_gone, 5, 0.05, "the work horse to die with its worker")
+    worker = regis_process(WORKER_ARGS, env, tmp_path / "worker-2.log")
+    procs.append(worker)
+    info = _done(queue, job_id)
+    assert info.state == "done" and info.attempts == 2, info
+    assert info.result["added"] == 63 and info.result["version"] == 1  # one complete execution, reported once
+    kill(worker)
