@@ -17,6 +17,7 @@ from indexer.build import BuildOptions, BuildReport, _embed
 from indexer.metadata import FACTS_KEY
 from indexer.scan import FileEntry
 from regis.errors import IndexFormatError
+from regis.faults import crash_point
 from regis.indexes.layout import VERSIONS_DIR, read_current
 from regis.indexes.manifest import read_manifest
 from regis.indexes.table import ImageRecord
@@ -141,6 +142,7 @@ def add_images(
             facts = {"name": im.filename, "uploaded": True} if im.filename else {"uploaded": True}
             jobs.append((FileEntry(im.path, stored, st.st_size, st.st_mtime), -1,
                          {**im.metadata, FACTS_KEY: facts}))
+        crash_point("job.placed")
         ids = w.allocate_ids(len(jobs))
         jobs = [(entry, int(i), meta) for (entry, _, meta), i in zip(jobs, ids, strict=True)]
         failed = set(_embed(w, encoder, jobs, options, build_report)) if jobs else set()

@@ -16,9 +16,18 @@ import os
 import signal
 
 CRASH_ENV = "REGIS_CRASH_AT"
+ONCE_ENV = "REGIS_CRASH_ONCE"  # a file path: crash only if it does not exist yet (it is created first)
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process if ``REGIS_CRASH_AT`` names ``name`` (no clean-up, no ``finally``, no atexit)."""
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL this process if ``REGIS_CRASH_AT`` names ``name`` (no clean-up, no ``finally``, no atexit).
+    With ``REGIS_CRASH_ONCE=PATH`` only the first process to get there dies (a retried job then completes)."""
+    if os.environ.get(CRASH_ENV) != name:
+        return
+    once = os.environ.get(ONCE_ENV)
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -127,3 +127,39 @@ def test_killing_only_the_worker_process_takes_its_job_down_with_it(setup, tmp_p
     assert info.state == "done" and info.attempts == 2, info
     assert info.result["added"] == 63 and info.result["version"] == 1  # one complete execution, reported once
     kill(worker)
+
+
+def test_a_job_killed_after_placing_its_uploads_is_retried_and_adds_each_image_once(setup, tmp_path):
+    """The work horse SIGKILLs itself between placing the uploaded files and writing the index
+    (``REGIS_CRASH_AT=job.placed``, once): the retry adds both images exactly once; nothing stays staged."""
+    import io
+
+    from PIL import Image
+
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.indexes.uploads import STAGING_DIR, new_staging_batch, stage_upload
+    from regis.jobs.model import UploadItem
+
+    redis, env, procs = setup
+    env = {**env, "REGIS_CRASH_AT": "job.placed", "REGIS_CRASH_ONCE": str(tmp_path / "crashed-once")}
+    worker = regis_process(WORKER_ARGS, env, tmp_path / "worker.log")
+    procs.append(worker)
+    uploads = tmp_path / "root" / ".uploads"
+    batch = new_staging_batch()
+    items = []
+    for n, color in enumerate(("red", "navy")):
+        buf = io.BytesIO()
+        Image.new("RGB", (70, 50), color).save(buf, format="PNG")
+        staged, path, sha = stage_upload(uploads, batch, n, buf.getvalue(), "PNG")
+        items.append(UploadItem(path=path, staged=staged, sha256=sha, filename=f"{color}.png"))
+    queue = RedisJobQueue(redis.url, RedisNames("faults"), retries=2)
+    info = _done(queue, queue.submit(JobSpec(kind="add", uploads=items), batch).id)
+    assert (tmp_path / "crashed-once").exists()  # the window was hit (RQ re-saves the attempt counter of a
+    assert info.state == "done", info  # horse that dies, so the counter does not tell; the marker file does)
+    assert sorted(im["status"] for im in info.result["images"]) == ["added", "added"]
+    snap = IndexSnapshot.open(tmp_path / "index")
+    try:
+        assert sorted(r.path for r in snap.table.iter_all()) == sorted(it.path for it in items)
+    finally:
+        snap.close()
+    assert not (uploads / STAGING_DIR / batch).exists() or not any((uploads / STAGING_DIR / batch).iterdir())
