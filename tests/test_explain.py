@@ -19,7 +19,7 @@ from regis.data.augment import edit_mixed
 from regis.indexes.layout import BUDDIES_FILE, MANIFEST_FILE, VERSIONS_DIR, read_current
 from regis.indexes.snapshot import IndexSnapshot
 from regis.models.encoder import EncoderConfig, RegisEncoder, WeightsInfo
-from regis.models.geometry import grid_box
+from regis.models.geometry import grid_box, input_region
 from regis.models.registry import get_backbone_spec
 from regis.models.transforms import eval_transform
 from regis.retrieve.explain import explain_hits
@@ -54,23 +54,45 @@ def test_ties_pick_the_first_result_token_like_the_max():
 
 
 # ------------------------------------------------------------------ geometry: grid cells <-> original pixels
+@pytest.mark.parametrize("frame", ["center-crop", "squash", "pad"])
 @pytest.mark.parametrize("size", [(451, 300), (300, 451), (224, 224), (1000, 250), (97, 61)])
-def test_a_painted_grid_box_lands_on_its_cell_after_the_transform(lite0_encoder, size):
-    """Paint the box grid_box gives for one cell; the eval transform must put the paint on that cell."""
+def test_a_painted_grid_box_lands_on_its_cell_after_the_transform(lite0_encoder, size, frame):
+    """Paint the box grid_box gives for one cell; the eval transform must put the paint on that cell (and only
+    there). Cells the image does not reach (the "pad" frame's padding) have no box to paint."""
     cfg = lite0_encoder.config
+    if getattr(cfg, "frame", "center-crop") != frame:
+        if "frame" not in EncoderConfig.model_fields:
+            pytest.skip(f"this EncoderConfig has no frame option, so no {frame!r} transform to check")
+        cfg = cfg.model_copy(update={"frame": frame})
     grid = (7, 7)
     tf = eval_transform(cfg)
     width, height = size
-    for r, c in [(0, 0), (3, 4), (6, 6), (2, 5)]:
+    mean, std = torch.tensor(cfg.mean)[:, None, None], torch.tensor(cfg.std)[:, None, None]
+
+    def cells(a: np.ndarray) -> torch.Tensor:  # brightness per grid cell of the encoder's input, in [0, 1]
+        x = tf(Image.fromarray(a)) * std + mean
+        return F.adaptive_avg_pool2d(x.mean(0, keepdim=True), grid)[0]
+
+    black = np.zeros((height, width, 3), np.uint8)
+    baseline = cells(black)
+    rx0, ry0, rx1, ry1 = input_region(cfg, width, height)
+    cw, ch = (rx1 - rx0) / 7, (ry1 - ry0) / 7
+    full = [(r, c) for r in range(7) for c in range(7)  # cells the image fills (the "pad" frame's are fewer)
+            if rx0 + c * cw >= -0.5 and ry0 + r * ch >= -0.5 and rx0 + (c + 1) * cw <= width + 0.5
+            and ry0 + (r + 1) * ch <= height + 0.5]
+    rows, cols = sorted({r for r, _ in full}), sorted({c for _, c in full})
+    corners = {(rows[0], cols[0]), (rows[0], cols[-1]), (rows[-1], cols[0]), (rows[-1], cols[-1]),
+               (rows[len(rows) // 2], cols[len(cols) // 2])}
+    for r, c in sorted(corners):
         x0, y0, x1, y1 = grid_box(cfg, grid, (r, r + 1, c, c + 1), width, height)
-        a = np.zeros((height, width, 3), np.uint8)
+        a = black.copy()
         a[round(y0):round(y1), round(x0):round(x1)] = 255
-        x = tf(Image.fromarray(a)) * torch.tensor(cfg.std)[:, None, None] + torch.tensor(cfg.mean)[:, None, None]
-        cells = F.adaptive_avg_pool2d(x.mean(0, keepdim=True), grid)[0]  # brightness per cell, in [0, 1]
-        assert cells[r, c] > 0.85, (size, r, c, cells)  # integer pixel edges: a 61 px image has 8.7 px cells
-        others = cells.clone()
-        others[r, c] = 0
-        assert others.max() < 0.15, (size, r, c, cells)
+        diff = cells(a) - baseline
+        assert diff[r, c] > 0.85, (size, frame, r, c, diff)  # integer pixel edges: a 61 px image has 8.7 px cells
+        diff[r, c] = 0
+        assert diff.abs().max() < 0.15, (size, frame, r, c, diff)
+    if frame != "pad":
+        assert len(full) == 49
 
 
 class _Brightness(nn.Module):
