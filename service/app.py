@@ -11,8 +11,11 @@ from fastapi.responses import FileResponse
 
 import regis
 from regis.images.decode import set_max_concurrent_decodes
+from service.auth import APIKeyMiddleware
 from service.deps import collection_path, reject_unknown_query_params
+from service.docs import install_docs
 from service.errors import install_error_handlers
+from service.keys import KeyStore
 from service.limits import JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
 from service.routes import batch, collections, explain, gallery, health, images, jobs, metrics, search
@@ -129,10 +132,22 @@ def create_app(settings: Settings, load: bool = True) -> FastAPI:
         version=regis.__version__,
         description="Multi-vector image retrieval: query by image, ranked by late-interaction (MaxSim) scores.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    install_docs(app)
     app.state.settings = settings
     app.state.metrics = Metrics()
     set_max_concurrent_decodes(settings.max_concurrent_decodes)
+    app.state.keys = KeyStore(settings.api_keys_file) if settings.api_keys_file else None
+    if app.state.keys is not None:  # inside the metrics middleware: refused requests are counted too
+        app.add_middleware(APIKeyMiddleware, store=app.state.keys)
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_credentials=False,
+                           allow_methods=["GET", "POST", "PATCH", "DELETE"],
+                           allow_headers=["Authorization", "X-API-Key", "Content-Type"], expose_headers=["ETag"])
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(JSONTooLargeMiddleware)
     install_error_handlers(app)

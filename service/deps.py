@@ -81,8 +81,12 @@ def get_jobs(request: Request) -> JobQueue:
     """The job queue.
 
     Raises:
-        APIError: 403 when this service does not take jobs (``REGIS_ENABLE_JOBS`` is off).
+        APIError: 403 when this service does not take jobs (``REGIS_ENABLE_JOBS`` is off), or the request's API
+            key has read scope only.
     """
+    from service.auth import require_write
+
+    require_write(request)
     name = get_collection_name(request)
     registry = get_registry(request)
     if name is not None and registry is not None and name != registry.default_name:

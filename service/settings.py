@@ -19,6 +19,11 @@ class Settings(BaseSettings):
         collections_root: the folder holding the named collections (REGIS_COLLECTIONS_ROOT; None: one index,
             no ``/v1/collections`` besides the default one). ``regis.indexes.collections``.
         default_collection: the name the routes without ``/collections/{name}`` answer for.
+        api_keys_file: the API keys (REGIS_API_KEYS_FILE, ``regis keys create``); when set, every route but the
+            health probes and the docs needs a key, and writes a write key (``service.auth``). A missing file
+            means no valid key yet: every request is refused.
+        cors_origins: origins allowed to call the API from a browser (REGIS_CORS_ORIGINS, a JSON list; empty:
+            no CORS headers, the default).
         weights: weights path overriding the index manifest's file source (same checksum required).
         device: torch device for encoding and rerank.
         images_root: folder the index's relative paths resolve against (default: the manifest's).
@@ -64,6 +69,8 @@ class Settings(BaseSettings):
     index_dir: Path | None = None  # filled in from collections_root when not given (never None after validation)
     collections_root: Path | None = None
     default_collection: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    api_keys_file: Path | None = None
+    cors_origins: list[str] = Field(default_factory=list)
     weights: Path | None = None
     device: TorchDevice = "cpu"
     images_root: Path | None = None
@@ -103,6 +110,11 @@ class Settings(BaseSettings):
         if v < default:
             raise ValueError(f"max_k ({v}) must be >= default_k ({default})")
         return v
+
+    @field_validator("api_keys_file", mode="before")
+    @classmethod
+    def _empty_keys_file(cls, v: object) -> object:
+        return v or None  # REGIS_API_KEYS_FILE= (empty) turns keys off
 
     @field_validator("redis_url", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from regis.cli.collections import app as collections_app
 from regis.cli.options import CollectionsRootOpt, Device, Weights
 from regis.errors import RegisError
 from service.cli import serve
+from service.keys_cli import app as keys_app
 from training.cli import register as register_training
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 app.add_typer(index_app, name="index")
 app.add_typer(collections_app, name="collections")
+app.add_typer(keys_app, name="keys")
 app.command("serve")(serve)
 app.command("worker")(worker)
 register_training(app)

@@ -69,16 +69,22 @@ def test_services_healthchecks_dependencies_and_volumes(compose):
         svc = services[name]
         assert svc["depends_on"]["redis"]["condition"] == "service_healthy"
         mounts = dict(v.split(":")[:2] for v in svc["volumes"])
-        assert mounts == {"index": "/data/index", "images": "/data/images"}, name
+        assert mounts == {"index": "/data/index", "images": "/data/images", "collections": "/data/collections",
+                          "keys": "/data/keys"}, name
         env = svc["environment"]
         assert env["REGIS_REDIS_URL"].startswith("redis://redis:6379")
         assert env["REGIS_INDEX_DIR"] == "/data/index" and env["REGIS_IMAGES_ROOT"] == "/data/images"
         assert env["REGIS_UPLOADS_DIR"].startswith("/data/images/")
         assert env["REGIS_ENABLE_JOBS"] == "true" and env["REGIS_BACKBONE"]
+        # secure by default: keys required (a file path is configured), CORS off
+        assert env["REGIS_API_KEYS_FILE"] == "${REGIS_API_KEYS_FILE-/data/keys/keys.json}"
+        assert env["REGIS_CORS_ORIGINS"] == "${REGIS_CORS_ORIGINS:-[]}"
+        assert env["REGIS_COLLECTIONS_ROOT"] == "/data/collections"
         assert svc["build"]["dockerfile"] == "docker/Dockerfile.cpu"
         assert (REPO / svc["build"]["context"] / svc["build"]["dockerfile"]).is_file()
     assert services["api"]["command"][0] == "serve" and "0.0.0.0" in services["api"]["command"]
     assert any(str(p).endswith(":8000") for p in services["api"]["ports"])
+    assert all(str(p).startswith("${REGIS_BIND:-127.0.0.1}:") for p in services["api"]["ports"])  # loopback
     assert services["worker"]["command"] == ["worker"]
     assert services["worker"]["healthcheck"]["test"] == ["CMD", "regis", "worker", "--check"]
     assert "ports" not in services["worker"] and "ports" not in services["redis"]  # Redis stays private
