@@ -33,6 +33,14 @@ def serve(
     uploads_dir: Annotated[
         Path | None, typer.Option("--uploads-dir", help="Where uploaded images are stored.")
     ] = None,
+    collections_root: Annotated[
+        Path | None, typer.Option("--collections-root", help="Folder of named collections, served under "
+                                                             "/v1/collections/{name} (env REGIS_COLLECTIONS_ROOT).")
+    ] = None,
+    api_keys_file: Annotated[
+        Path | None, typer.Option("--api-keys-file", help="Require API keys from this file on every route "
+                                                          "(regis keys create; env REGIS_API_KEYS_FILE).")
+    ] = None,
     backbone: Backbone = None,
     random_init: RandomInit = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
@@ -51,7 +59,7 @@ def serve(
     given = {
         "index_dir": index, "weights": weights, "device": device, "images_root": images_root,
         "enable_jobs": enable_jobs, "redis_url": redis_url, "uploads_dir": uploads_dir, "backbone": backbone,
-        "random_init": random_init or None,
+        "random_init": random_init or None, "collections_root": collections_root, "api_keys_file": api_keys_file,
     }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
     if ray:

@@ -59,13 +59,10 @@ async def search(
             413, "payload_too_large", f"upload is larger than the limit of {settings.max_upload_bytes:,} bytes"
         )
     data = await read_upload(file, settings.max_upload_bytes)
-    if explain and extras:
-        raise APIError(422, "invalid_parameter", "explain=true does not combine with filter, offset or "
-                                                 "score_threshold yet")
     if explain:
         from regis.retrieve.explain import search_explained
 
-        result = await run_in_threadpool(search_explained, engine, data, k=k, depth=depth, mode=mode)
+        result = await run_in_threadpool(search_explained, engine, data, k=k, depth=depth, mode=mode, **extras)
         request.app.state.metrics.observe_search(result["timings_ms"])
         return result
     return await run_search(request, response, engine, data, k=k, depth=depth, mode=mode, **extras)
