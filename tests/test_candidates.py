@@ -132,3 +132,23 @@ def test_list_tails():
     tails, full = cands.list_tails(sims, ids)
     assert tails[:2].tolist() == pytest.approx([0.7, 0.5]) and tails[2] == -np.inf
     assert full.tolist() == [True, False, False]
+
+
+def test_filtered_search_keeps_the_bound(tmp_path, corpus):
+    """A metadata-filtered ANN search (``search_filtered``) gets the same range search, its images filtered."""
+    from regis.retrieve.filtered import search_filtered
+
+    tokens, query, both = corpus
+    write_index(tmp_path / "idx", tokens, depth=8)
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    try:
+        searcher = Searcher(snap)
+        allowed = np.setdiff1d(np.arange(len(tokens)), np.arange(0, len(tokens), 7))  # 1 image in 7 filtered out
+        exact = search_filtered(searcher, query, allowed, k=10, mode="exact")
+        ann = search_filtered(searcher, query, allowed, k=10, exact_limit=0)
+        np.testing.assert_array_equal(ann.ids, exact.ids)
+        assert np.isin(ann.ids, allowed).all()
+        old = search_filtered(searcher, query, allowed, k=10, exact_limit=0, candidates="depth")
+        assert len(np.intersect1d(old.ids, exact.ids)) < 5
+    finally:
+        snap.close()

@@ -7,7 +7,8 @@ snapshot never changes). Then:
   set: k results whenever k images match, equal to exact scoring;
 - otherwise the ANN candidates are filtered before the rerank; when fewer than k of them pass, the candidate
   depth is raised (x4 up to ``MAX_DEPTH``) and, if still short, the allowed set is scored exactly. So a filtered
-  search returns min(k, allowed) results.
+  search returns min(k, allowed) results. With the ``"bounded"`` candidate method (``regis.retrieve.candidates``)
+  the saturated query tokens then get the same range search as an unfiltered search, its images filtered too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from regis.indexes.filters import canonical, compile_filter
 from regis.indexes.snapshot import IndexSnapshot
+from regis.retrieve import candidates as cands
 from regis.retrieve.searcher import MAX_DEPTH, Searcher, SearchResult, top_k
 
 EXACT_LIMIT = 4096  # allowed images scored exactly rather than through FAISS (a few ms of MaxSim on CPU)
@@ -67,7 +69,7 @@ def exact_over(searcher: Searcher, query: np.ndarray, ids: np.ndarray, k: int,
 
 def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, k: int = 10,
                     depth: int | None = None, mode: str = "ann", nprobe: int | None = None,
-                    exact_limit: int = EXACT_LIMIT) -> SearchResult:
+                    exact_limit: int = EXACT_LIMIT, candidates: str | None = None) -> SearchResult:
     """Rank only the ``allowed`` images (ascending int64 ids, e.g. from ``allowed_ids``) for one query.
 
     Args:
@@ -77,6 +79,7 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
         k, depth, nprobe: as ``Searcher.search``.
         mode: "ann" (filtered candidates, exact fallback) or "exact" (score every allowed image).
         exact_limit: allowed sets up to this size are always scored exactly.
+        candidates: candidate method ("bounded" or "depth"); None: the searcher's.
 
     Returns:
         A ``SearchResult`` of min(k, n) images; ``num_candidates`` counts the images scored.
@@ -86,6 +89,7 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
     """
     depth = depth or searcher.default_depth
     query = searcher._check_query(query, k, depth)
+    method = cands.check_method(candidates or searcher.candidate_method)
     allowed = allowed[searcher.snapshot.store.is_live(allowed)] if len(allowed) else allowed
     t0 = time.perf_counter()
     if mode == "exact" or len(allowed) <= max(exact_limit, k):
@@ -94,7 +98,8 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
                             depth=None if mode == "exact" else depth)
     d = depth
     while True:
-        cand = searcher.candidates(query, d, nprobe)
+        sims, token_ids = searcher._neighbours(query, d, nprobe, searcher.search_threads)
+        cand = searcher._live_images(token_ids.reshape(-1))
         cand = cand[np.isin(cand, allowed, assume_unique=True)]
         if len(cand) >= k or d >= MAX_DEPTH:
             break
@@ -103,6 +108,14 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
     if len(cand) >= k:
         ids, scores = searcher._rank(query, cand, k)
         n = len(cand)
+        if method == "bounded":
+            extra = searcher._bounded_extra(query, sims, token_ids, cand, float(scores[-1]), nprobe,
+                                            searcher.search_threads)
+            extra = extra[np.isin(extra, allowed, assume_unique=True)]
+            if len(extra):
+                more_ids, more_scores = searcher._rank(query, extra, k)
+                ids, scores = top_k(np.concatenate([ids, more_ids]), np.concatenate([scores, more_scores]), k)
+                n += len(extra)
     else:  # the filter keeps too few of even the deepest candidates: score the allowed set exactly
         ids, scores = exact_over(searcher, query, allowed, k)
         n = len(allowed)

@@ -143,7 +143,8 @@ class QueryEngine:
             from regis.retrieve.filtered import allowed_ids, search_filtered
 
             allowed = allowed_ids(searcher.snapshot, where)
-            result = search_filtered(searcher, tokens, allowed, k=want, depth=depth, mode=mode, nprobe=nprobe)
+            result = search_filtered(searcher, tokens, allowed, k=want, depth=depth, mode=mode, nprobe=nprobe,
+                                     candidates=candidates)
         else:
             result = searcher.search(tokens, k=want, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
         out = self._result_json(searcher, result, k, depth, mode)
