@@ -28,7 +28,8 @@ class QueryTokens(BaseModel):
 
     width: int = Field(description="query image width, pixels")
     height: int = Field(description="query image height, pixels")
-    grid: list[int] = Field(description="[h, w]: the encoder's patch grid over its centre crop")
+    grid: list[int] | None = Field(description="[h, w]: the encoder's patch grid over its input square (null: "
+                                               "an indexed query image without stored buddy patches)")
     tokens: list[QueryToken]
 
 

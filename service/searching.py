@@ -53,8 +53,9 @@ async def run_search(request: Request, response: Response, engine: QueryEngine, 
     return result
 
 
-async def run_search_id(request: Request, engine: QueryEngine, image_id: int, **params) -> dict:
-    """``engine.search_id`` ("more like this"), with the per-stage metrics.
+async def run_search_id(request: Request, engine: QueryEngine, image_id: int, search=None, **params) -> dict:
+    """``engine.search_id`` ("more like this"), with the per-stage metrics; ``search(engine, image_id, **params)``
+    replaces it when given (``regis.retrieve.explain.similar_explained``).
 
     Raises:
         APIError: 404 when the image is not in the version served now.
@@ -63,7 +64,10 @@ async def run_search_id(request: Request, engine: QueryEngine, image_id: int, **
 
     t0 = time.perf_counter()
     try:
-        result = await run_in_threadpool(engine.search_id, image_id, **params)
+        if search is None:
+            result = await run_in_threadpool(engine.search_id, image_id, **params)
+        else:
+            result = await run_in_threadpool(search, engine, image_id, **params)
     except KeyError:
         raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
                                                f"{engine.snapshot.version}") from None

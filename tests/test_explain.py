@@ -258,3 +258,30 @@ def test_pair_explanation_errors(client, photos_dir, files, data, status, code):
     files = files or {"file": ("q.png", (photos_dir / "skimage-coffee.png").read_bytes())}
     r = client.post("/v1/explain", files=files, data=data)
     assert r.status_code == status and r.json()["error"]["code"] == code
+
+
+def test_explain_with_offset_and_more_like_this(client, photos_dir):
+    data = (photos_dir / "skimage-coffee.png").read_bytes()
+    full = client.post("/v1/search", files={"file": ("q.png", data)}, params={"k": 4}).json()["results"]
+    paged = client.post("/v1/search", files={"file": ("q.png", data)},
+                        params={"k": 2, "offset": 2, "explain": "true"})
+    assert paged.status_code == 200, paged.text
+    hits = paged.json()["results"]
+    assert [h["id"] for h in hits] == [h["id"] for h in full[2:4]] and hits[0]["rank"] == 3
+    for hit in hits:
+        assert hit["explanation"]["score"] == pytest.approx(hit["score"], abs=1e-4)
+
+    # "more like this" by id: the query is the indexed image itself, boxes from its stored buddy patches
+    top = full[0]
+    r = client.get(f"/v1/images/{top['id']}/similar", params={"k": 3, "explain": "true"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["results"][0]["id"] == top["id"]
+    assert body["query"]["width"] == top["width"] and body["query"]["height"] == top["height"]
+    assert [t["box"] is not None for t in body["query"]["tokens"]] == [False] * 5 + [True] * 5
+    for hit in body["results"]:
+        assert sum(m["contribution"] for m in hit["explanation"]["matches"]) == pytest.approx(hit["score"], abs=1e-4)
+    first = body["results"][0]["explanation"]["matches"]
+    assert all(m["similarity"] == pytest.approx(1.0, abs=1e-3) for m in first)
+    plain = client.get(f"/v1/images/{top['id']}/similar", params={"k": 3}).json()
+    assert "query" not in plain and [h["id"] for h in plain["results"]] == [h["id"] for h in body["results"]]

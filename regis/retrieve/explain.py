@@ -37,16 +37,16 @@ class EncodedImage:
 
     Attributes:
         tokens: (T, D) float32 unit-norm tokens.
-        buddies: (R + 1,) int64 buddy patches on ``grid``.
-        grid: (h, w) patch grid.
+        buddies: (R + 1,) int64 buddy patches on ``grid`` (None: unknown, an image indexed without them).
+        grid: (h, w) patch grid (None with unknown buddies).
         width, height: the image's full size after EXIF orientation, pixels.
         patches: (h * w, D) float32 patch tokens (only when asked for), else None.
         timings_ms: {"decode": ms, "encode": ms}.
     """
 
     tokens: np.ndarray
-    buddies: np.ndarray
-    grid: tuple[int, int]
+    buddies: np.ndarray | None
+    grid: tuple[int, int] | None
     width: int
     height: int
     patches: np.ndarray | None
@@ -87,7 +87,7 @@ def query_json(config: EncoderConfig, query: EncodedImage) -> dict:
     """The query's tokens: name, kind and, for ROI tokens, the box of their window in the query's pixels."""
     names = token_names(config.num_registers, len(query.tokens))
     return {
-        "width": query.width, "height": query.height, "grid": list(query.grid),
+        "width": query.width, "height": query.height, "grid": list(query.grid) if query.grid else None,
         "tokens": [
             {"index": i, "name": name, "kind": kind,
              "box": _box(token_box(config, query.grid, query.buddies, i, query.width, query.height))}
@@ -166,6 +166,33 @@ def search_explained(engine, data: bytes, **params) -> dict:
     t2 = time.perf_counter()
     out["timings_ms"] = {**query.timings_ms, **out["timings_ms"], "explain": (t2 - t1) * 1e3,
                          "total": (t2 - t0) * 1e3}
+    return out
+
+
+def similar_explained(engine, image_id: int, **params) -> dict:
+    """``QueryEngine.search_id`` ("more like this") plus explanations; the query is the indexed image itself:
+    its stored tokens, and its stored buddy patches for the query boxes (None boxes where the index has none).
+    ``params`` go to ``QueryEngine.search_tokens``.
+
+    Raises:
+        KeyError: ``image_id`` is not a live image of the index served now.
+        ConfigError: bad search parameters.
+    """
+    t0 = time.perf_counter()
+    out = engine.search_id(image_id, **params)
+    t1 = time.perf_counter()
+    snapshot = engine.snapshot
+    rec = snapshot.table.get(int(image_id))
+    ids = np.array([int(image_id)], dtype=np.int64)
+    if rec is None or not snapshot.store.is_live(ids)[0]:  # deleted by a swap meanwhile
+        raise KeyError(image_id)
+    tokens = snapshot.store.get(ids)[0].astype(np.float32)
+    buddies, grid = _stored_buddies(snapshot, int(image_id))
+    query = EncodedImage(tokens, buddies, grid, rec.width, rec.height, None, {})
+    explain_hits(snapshot, tokens, out["results"])
+    out["query"] = query_json(snapshot.manifest.encoder, query)
+    t2 = time.perf_counter()
+    out["timings_ms"] = {**out["timings_ms"], "explain": (t2 - t1) * 1e3, "total": (t2 - t0) * 1e3}
     return out
 
 

@@ -58,6 +58,8 @@ async def similar_images(
     k: Annotated[int | None, Query(ge=1, le=1000, description="results to return")] = None,
     depth: Annotated[int | None, Query(ge=1, le=4096, description="candidates per query token (k')")] = None,
     mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
+    explain: Annotated[bool, Query(description="add each result's explanation and the query's tokens, as "
+                                               "POST /v1/search?explain=true (the query is this image)")] = False,
 ) -> dict:
     """"More like this": search with the stored tokens of an indexed image (no upload, no encoding). The image
     itself comes first (score = its self-similarity)."""
@@ -67,7 +69,10 @@ async def similar_images(
     depth = depth or settings.default_depth
     if depth is not None and depth > settings.max_depth:
         raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
-    return await run_search_id(request, engine, image_id, k=k, depth=depth, mode=mode, **extras)
+    from regis.retrieve.explain import similar_explained
+
+    return await run_search_id(request, engine, image_id, search=similar_explained if explain else None, k=k,
+                               depth=depth, mode=mode, **extras)
 
 
 @router.patch("/{image_id}", response_model=MetadataPatchResponse, responses={202: {"model": MetadataPatchResponse},

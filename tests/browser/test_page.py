@@ -120,12 +120,19 @@ def test_search_explain_more_like_this_and_errors(browser, server, query_file, t
         assert page.locator("#rSvg g.heatmap rect").count() == 49
         _screenshot(page.locator("#detail .pair"), tmp_path / "explain-heatmap.png")
 
-        # more like this: the result becomes the query, and finds itself first at 100 %
-        page.click("#detailMore")
+        # more like this: the result becomes the query (searched by id, its stored tokens) and finds itself
+        # first at 100 %; its explanation draws the query's boxes from the stored buddy patches
+        with page.expect_response(lambda r: "/similar?" in r.url) as similar:
+            page.click("#detailMore")
+        assert similar.value.status == 200
         page.wait_for_function("!document.getElementById('detail').open")
         page.wait_for_function(
             "document.querySelector('#results .tile .scoreline .num:nth-child(3)')?.textContent === '100%'")
         assert _first_name(page) == "skimage-chelsea.png"
+        page.locator("#results .tile button.why").first.click()
+        page.wait_for_selector("#detail[open]")
+        assert page.locator("#qSvg rect.box").count() == 5 and page.locator("#rSvg rect.box").count() == 5
+        page.click("#detailClose")
 
         # paging: the next page starts at rank 13 (ANN mode ranks the candidates only, so it may be short)
         page.click("#next")
