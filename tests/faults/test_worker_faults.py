@@ -35,7 +35,11 @@ class DurableRedis:
                                       "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         conn = redis_connection(self.url, timeout_s=0.5)
-        wait_until(lambda: _pings(conn), 10, 0.05, "redis-server")
+        try:
+            wait_until(lambda: _pings(conn), 10, 0.05, "redis-server")
+        except AssertionError:
+            self.kill()
+            raise
         return self
 
     def kill(self) -> None:

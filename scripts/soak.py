@@ -1,0 +1,332 @@
+"""Soak test under faults (not in CI): bounded concurrent searches, uploads, deletes and index jobs against the
+compose topology run as processes (API, worker, a Redis of its own on a free loopback port, with an append-only
+file as in docker-compose.yml), while Redis, the worker and the API are SIGKILLed and restarted at random.
+
+At the end everything is restarted cleanly, the jobs are let finish, and the script prints: requests by kind and
+outcome, images lost (an upload answered 201, or 202 whose job finished, that the index does not hold; a delete
+answered 200 whose image is still there), duplicated (two live rows with the same bytes), orphaned (uploaded files
+no live row points at, staged batches left), HTTP 500s, and the peak RSS and descriptors of the API and worker.
+
+    python scripts/soak.py --minutes 3 --out soak.json
+
+Uses the tiny random test encoder (the mechanics, not the model, are under test). Never touches Redis on 6379.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A restartable child process (its own session, so a SIGKILL takes its whole group)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, log: Path):
+        self.name, self.argv, self.env, self.log = name, argv, env, log
+        self.proc: subprocess.Popen | None = None
+        self.kills = 0
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+            self.kills += 1
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def pids(self) -> list[int]:
+        """The process and its children (the worker's work horse)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        out = [self.proc.pid]
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            out += [int(c) for c in children]
+        except OSError:
+            pass
+        return out
+
+
+def rss_and_fds(pid: int) -> tuple[int, int]:
+    """(resident set, bytes; open descriptors) of a process, (0, 0) if it is gone."""
+    try:
+        rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+        return rss, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, StopIteration, ValueError):
+        return 0, 0
+
+
+def png(seed: int) -> bytes:
+    """A unique small image (its bytes are its identity)."""
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class Ledger:
+    """What the clients were told, for the final reconciliation."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.outcomes: collections.Counter = collections.Counter()
+        self.present: dict[str, int] = {}  # sha256 -> id, answered 201 (or a finished 202)
+        self.pending: dict[str, str] = {}  # job id -> sha256, answered 202
+        self.deleted: set[int] = set()  # answered 200 deleted=true
+        self.uncertain: set[str] = set()  # sha256 whose upload or delete got no answer
+
+    def count(self, kind: str, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[f"{kind} {outcome}"] += 1
+
+
+def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seeds, queries: list[bytes]) -> None:
+    http = httpx.Client(base_url=url, timeout=30)
+    rng = random.Random(hash(kind) & 0xFFFF)
+    while not stop.is_set():
+        try:
+            if kind == "search":
+                r = http.post("/v1/search", files={"file": ("q.png", rng.choice(queries))}, params={"k": 5})
+            elif kind == "upload":
+                seed = next(seeds)
+                data = png(seed)
+                import hashlib
+
+                sha = hashlib.sha256(data).hexdigest()
+                with ledger.lock:
+                    ledger.uncertain.add(sha)
+                r = http.post("/v1/images", files={"files": (f"{seed}.png", data)})
+                with ledger.lock:
+                    if r.status_code == 201:
+                        ledger.present[sha] = r.json()["images"][0]["id"]
+                        ledger.uncertain.discard(sha)
+                    elif r.status_code == 202:
+                        ledger.pending[r.json()["job_id"]] = sha
+                        ledger.uncertain.discard(sha)
+                    elif r.status_code < 500:
+                        ledger.uncertain.discard(sha)
+            elif kind == "delete":
+                with ledger.lock:
+                    candidates = [(s, i) for s, i in ledger.present.items() if i not in ledger.deleted]
+                if len(candidates) < 5:
+                    time.sleep(0.2)
+                    continue
+                sha, image_id = rng.choice(candidates)
+                with ledger.lock:
+                    ledger.uncertain.add(sha)
+                r = http.delete(f"/v1/images/{image_id}")
+                with ledger.lock:
+                    if r.status_code == 200 and r.json()["deleted"]:
+                        ledger.deleted.add(image_id)
+                    if r.status_code in (200, 404) or (r.status_code < 500 and r.status_code != 202):
+                        ledger.uncertain.discard(sha)
+            else:  # an index job over the photos folder (incremental: usually nothing to do)
+                r = http.post("/v1/jobs/index", json={"folder": "photos"})
+                time.sleep(15.0)  # a job a worker takes ~5-10 s to start on 2 cores: more only builds a backlog
+            ledger.count(kind, str(r.status_code))
+        except httpx.HTTPError as exc:
+            ledger.count(kind, type(exc).__name__)
+            time.sleep(0.2)
+    http.close()
+
+
+def wait_http(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--clients", type=int, default=1, help="threads per kind (search, upload, delete, job)")
+    parser.add_argument("--chaos-every", type=float, default=12.0, help="mean seconds between kills")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here too")
+    args = parser.parse_args()
+    random.seed(args.seed)
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        sys.exit("redis-server is not installed")
+
+    work = Path(tempfile.mkdtemp(prefix="regis-soak-"))
+    root, index = work / "images", work / "index"
+    from regis.data.sample_photos import collect_sample_photos
+
+    collect_sample_photos(root / "photos")
+    queries = [p.read_bytes() for p in sorted((root / "photos").iterdir())[:6]]
+    redis_port, api_port = free_port(), free_port()
+    assert redis_port != 6379
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "REGIS_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "REGIS_REDIS_PREFIX": "soak",
+           "REGIS_INDEX_DIR": str(index), "REGIS_IMAGES_ROOT": str(root), "REGIS_BACKBONE": "vit-tiny-reg4-test",
+           "REGIS_RANDOM_INIT": "true", "REGIS_ENABLE_JOBS": "true", "REGIS_WRITE_WAIT_S": "10",
+           "REGIS_BUILD_WORKERS": "0", "REGIS_TORCH_THREADS": "1", "REGIS_STAGING_GRACE_S": "0"}
+    py = sys.executable
+    redis = Proc("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                           "--appendonly", "yes", "--dir", str(work)], env, work / "redis.log")
+    api = Proc("api", [py, "-m", "regis", "serve", "--port", str(api_port), "--log-level", "warning"], env,
+               work / "api.log")
+    worker = Proc("worker", [py, "-m", "regis", "worker", "--job-monitoring-interval", "1", "--heartbeat-grace",
+                             "3", "--maintenance-interval", "2", "--log-level", "warning"], env, work / "worker.log")
+    url = f"http://127.0.0.1:{api_port}"
+    for p in (redis, worker, api):
+        p.start()
+        time.sleep(0.5)
+    wait_http(url)
+    httpx.post(f"{url}/v1/jobs/index", json={"folder": "photos"}, timeout=30)
+    deadline = time.monotonic() + 300  # the first version, before the load starts
+    while httpx.get(f"{url}/healthz", timeout=10).json()["index_version"] is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+    ledger = Ledger()
+    stop = threading.Event()
+    seeds = iter(range(10**6))
+    seeds_lock = threading.Lock()
+
+    def next_seed():
+        while True:
+            with seeds_lock:
+                yield next(seeds)
+
+    threads = [threading.Thread(target=client_loop, args=(kind, url, ledger, stop, next_seed(), queries), daemon=True)
+               for kind in ("search", "upload", "delete", "job") for _ in range(args.clients)]
+    peak = {"api_rss": 0, "api_fds": 0, "worker_rss": 0, "worker_fds": 0}
+
+    def sample():
+        for name, p in (("api", api), ("worker", worker)):
+            for pid in p.pids():
+                rss, fds = rss_and_fds(pid)
+                peak[f"{name}_rss"] = max(peak[f"{name}_rss"], rss)
+                peak[f"{name}_fds"] = max(peak[f"{name}_fds"], fds)
+
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    kills = collections.Counter()
+    while time.monotonic() - t0 < args.minutes * 60:
+        deadline = time.monotonic() + random.expovariate(1 / args.chaos_every)
+        while time.monotonic() < deadline:
+            sample()
+            time.sleep(0.5)
+        victim = random.choice([redis, worker, api])
+        victim.kill()
+        kills[victim.name] += 1
+        time.sleep(random.uniform(0.5, 3.0))
+        victim.start()
+        if victim is api:
+            try:
+                wait_http(url)
+            except RuntimeError:
+                pass
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+
+    # settle: a clean restart of the API (start-up clean-up of staging), every job finished
+    api.stop()
+    api.start()
+    wait_http(url)
+    http = httpx.Client(base_url=url, timeout=30)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        jobs = http.get("/v1/jobs", params={"limit": 200}).json()["jobs"]
+        if all(j["state"] in ("done", "failed") for j in jobs):
+            break
+        time.sleep(1)
+    for job_id, sha in list(ledger.pending.items()):
+        info = http.get(f"/v1/jobs/{job_id}").json()
+        if info.get("state") == "done":
+            ledger.present[sha] = next(im["id"] for im in info["result"]["images"])
+    http.close()
+    api.stop()
+    worker.stop()
+
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.indexes.uploads import STAGING_DIR, upload_file
+
+    snap = IndexSnapshot.open(index)
+    rows = list(snap.table.iter_all())
+    snap.close()
+    live_sha = collections.Counter(r.sha256 for r in rows)
+    live_ids = {r.id for r in rows}
+    lost = [sha for sha, i in ledger.present.items()
+            if i not in ledger.deleted and sha not in ledger.uncertain and live_sha[sha] == 0]
+    resurrected = [i for i in ledger.deleted if i in live_ids]
+    duplicated = [sha for sha, n in live_sha.items() if n > 1]
+    uploads_dir = root / ".uploads"
+    referenced = {upload_file(uploads_dir, r.path) for r in rows if r.path.startswith(".uploads/")}
+    stored = {p for p in uploads_dir.glob("??/*") if p.is_file()}
+    orphan_files = sorted(str(p) for p in stored - referenced)
+    staging = uploads_dir / STAGING_DIR
+    orphan_staged = sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+    redis.stop()
+
+    figures = {
+        "minutes": args.minutes, "clients_per_kind": args.clients, "kills": dict(kills),
+        "requests": dict(sorted(ledger.outcomes.items())),
+        "http_500": sum(n for k, n in ledger.outcomes.items() if k.endswith(" 500")),
+        "uploads_acknowledged": len(ledger.present), "deletes_acknowledged": len(ledger.deleted),
+        "images_live": len(rows), "lost": len(lost), "deleted_but_present": len(resurrected),
+        "duplicated": len(duplicated), "orphaned_files": len(orphan_files), "orphaned_staging": len(orphan_staged),
+        "peak_api_rss_mb": round(peak["api_rss"] / 2**20), "peak_api_fds": peak["api_fds"],
+        "peak_worker_rss_mb": round(peak["worker_rss"] / 2**20), "peak_worker_fds": peak["worker_fds"],
+        "workdir": str(work),
+    }
+    print(json.dumps(figures, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    if figures["lost"] or figures["duplicated"] or figures["orphaned_files"] or figures["orphaned_staging"] \
+            or figures["http_500"] or figures["deleted_but_present"]:
+        sys.exit(1)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
