@@ -5,7 +5,8 @@ file as in docker-compose.yml), while Redis, the worker and the API are SIGKILLe
 At the end everything is restarted cleanly, the jobs are let finish, and the script prints: requests by kind and
 outcome, images lost (an upload answered 201, or 202 whose job finished, that the index does not hold; a delete
 answered 200 whose image is still there), duplicated (two live rows with the same bytes), orphaned (uploaded files
-no live row points at, staged batches left), HTTP 500s, and the peak RSS and descriptors of the API and worker.
+no live row points at, staged batches whose job is unknown or finished), HTTP 500s, and the peak RSS and
+descriptors of the API and worker.
 
     python scripts/soak.py --minutes 3 --out soak.json
 
@@ -120,7 +121,8 @@ class Ledger:
             self.outcomes[f"{kind} {outcome}"] += 1
 
 
-def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seeds, queries: list[bytes]) -> None:
+def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seeds, queries: list[bytes],
+                job_every: float = 15.0) -> None:
     http = httpx.Client(base_url=url, timeout=30)
     rng = random.Random(hash(kind) & 0xFFFF)
     while not stop.is_set():
@@ -162,7 +164,7 @@ def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seed
                         ledger.uncertain.discard(sha)
             else:  # an index job over the photos folder (incremental: usually nothing to do)
                 r = http.post("/v1/jobs/index", json={"folder": "photos"})
-                time.sleep(15.0)  # a job a worker takes ~5-10 s to start on 2 cores: more only builds a backlog
+                time.sleep(job_every)
             ledger.count(kind, str(r.status_code))
         except httpx.HTTPError as exc:
             ledger.count(kind, type(exc).__name__)
@@ -188,6 +190,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1, help="threads per kind (search, upload, delete, job)")
     parser.add_argument("--chaos-every", type=float, default=12.0, help="mean seconds between kills")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--job-every", type=float, default=15.0,
+                        help="seconds between index jobs (a worker takes ~5-10 s per job on 2 cores)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here too")
     args = parser.parse_args()
     random.seed(args.seed)
@@ -235,7 +239,8 @@ def main() -> None:
             with seeds_lock:
                 yield next(seeds)
 
-    threads = [threading.Thread(target=client_loop, args=(kind, url, ledger, stop, next_seed(), queries), daemon=True)
+    threads = [threading.Thread(target=client_loop, daemon=True,
+                                args=(kind, url, ledger, stop, next_seed(), queries, args.job_every))
                for kind in ("search", "upload", "delete", "job") for _ in range(args.clients)]
     peak = {"api_rss": 0, "api_fds": 0, "worker_rss": 0, "worker_fds": 0}
 
@@ -305,7 +310,15 @@ def main() -> None:
     stored = {p for p in uploads_dir.glob("??/*") if p.is_file()}
     orphan_files = sorted(str(p) for p in stored - referenced)
     staging = uploads_dir / STAGING_DIR
-    orphan_staged = sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+    from regis.jobs.names import RedisNames
+    from regis.jobs.rq_queue import RedisJobQueue
+
+    queue = RedisJobQueue(env["REGIS_REDIS_URL"], RedisNames("soak"))
+    states = {p.name: (queue.get(p.name).state if queue.get(p.name) else None)
+              for p in (staging.iterdir() if staging.is_dir() else [])}
+    orphan_staged = sorted(b for b, state in states.items() if state in (None, "done", "failed"))
+    staged_pending = len(states) - len(orphan_staged)  # their job is still queued: it will place them
+    queue.close()
     redis.stop()
 
     figures = {
@@ -315,6 +328,7 @@ def main() -> None:
         "uploads_acknowledged": len(ledger.present), "deletes_acknowledged": len(ledger.deleted),
         "images_live": len(rows), "lost": len(lost), "deleted_but_present": len(resurrected),
         "duplicated": len(duplicated), "orphaned_files": len(orphan_files), "orphaned_staging": len(orphan_staged),
+        "staged_for_queued_jobs": staged_pending,
         "peak_api_rss_mb": round(peak["api_rss"] / 2**20), "peak_api_fds": peak["api_fds"],
         "peak_worker_rss_mb": round(peak["worker_rss"] / 2**20), "peak_worker_fds": peak["worker_fds"],
         "workdir": str(work),
