@@ -31,6 +31,8 @@ from regis.models.weights import (
 
 TOKEN_SETS = ("cls", "cls+reg", "cls+reg+roi")
 DEFAULT_CUE_METHOD = "grid"  # chosen by measurement: README, "Measured"
+FRAMES = ("center-crop", "squash", "pad")
+DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
 
 
 class EncoderConfig(BaseModel):
@@ -46,7 +48,11 @@ class EncoderConfig(BaseModel):
         token_set: which tokens the encoder returns ("cls", "cls+reg", "cls+reg+roi").
         cue_method: CNN only: how part tokens are made ("kmeans", "attention", "grid").
         image_size: square input side, pixels.
-        resize_size: shorter side before the centre crop, pixels.
+        resize_size: shorter side before the centre crop, pixels ("center-crop" frame only).
+        frame: how an image becomes the square input (``regis.models.transforms``): "center-crop" (shorter
+            side to ``resize_size``, then the central square: what indexes without this field used),
+            "squash" (the whole frame resized to the square, aspect ratio not kept) or "pad" (the whole frame,
+            aspect ratio kept, padded with the mean colour).
         interpolation: torchvision interpolation mode name.
         mean, std: per-channel normalisation.
     """
@@ -63,6 +69,7 @@ class EncoderConfig(BaseModel):
     cue_method: str | None = None
     image_size: int = 224
     resize_size: int = 224
+    frame: Literal["center-crop", "squash", "pad"] = "center-crop"
     interpolation: str = "bicubic"
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -159,11 +166,16 @@ class RegisEncoder(nn.Module):
         """
         cues, patches, grid = self.forward_parts(images)
         buddies = buddy_patches(cues, patches)
+        return self.readout(cues, patches, grid), buddies, grid
+
+    def readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """``forward_parts``' output -> (B, T, D) unit-norm tokens: cues, then the ROI tokens (METHODS.md
+        section 1). Split from ``forward`` so that evaluations can score other readouts of one backbone pass."""
         if self.config.token_set == "cls+reg+roi":
             tokens = torch.cat([cues, roi_tokens(cues, patches, grid, self.config.roi_size, self.config.border)], 1)
         else:
             tokens = cues[:, : self.config.tokens_per_image]
-        return F.normalize(tokens.float(), dim=-1), buddies, grid
+        return F.normalize(tokens.float(), dim=-1)
 
     @torch.inference_mode()
     def encode(self, images: torch.Tensor, autocast: bool = True) -> torch.Tensor:
@@ -227,6 +239,7 @@ def build_encoder(
     cue_method: str | None = None,
     device: str | torch.device = "cpu",
     image_size: int | None = None,
+    frame: str | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -239,6 +252,8 @@ def build_encoder(
         device: where to put the model; it is returned in eval mode.
         image_size: input side in pixels (crop and resize), CNN backbones only; default: the stored run
             config's, else the registry's (224 for the real backbones).
+        frame: "center-crop", "squash" or "pad" (``EncoderConfig.frame``); default: the stored run config's,
+            else ``DEFAULT_FRAME``.
 
     Returns:
         A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
@@ -267,6 +282,8 @@ def build_encoder(
     size = image_size if image_size is not None else int(stored.get("image_size", spec.image_size))
     if size != spec.image_size and spec.kind != "cnn":
         raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; image size {size} applies to CNNs only")
+    if frame is not None and frame not in FRAMES:
+        raise ConfigError(f"frame must be one of {FRAMES}, got {frame!r}")
     if size < 32:
         raise ConfigError(f"image size must be at least 32 px, got {size}")
     resize = size if image_size is not None else int(stored.get("resize_size", size))
@@ -292,6 +309,7 @@ def build_encoder(
         cue_method=(cue_method or stored.get("cue_method") or DEFAULT_CUE_METHOD) if spec.kind == "cnn" else None,
         image_size=size,
         resize_size=resize,
+        frame=frame or stored.get("frame", DEFAULT_FRAME),
         mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
     )
@@ -328,8 +346,10 @@ def encoder_from_manifest(
             )
     kwargs = dict(
         backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
-        cue_method=config.cue_method, device=device,
+        cue_method=config.cue_method, device=device, frame=config.frame,
     )
+    if config.kind == "cnn":
+        kwargs["image_size"] = config.image_size
     if weights_override:
         encoder = build_encoder(weights=weights_override, **kwargs)
     elif kind == "random":

@@ -1,8 +1,11 @@
 """Image preprocessing: PIL RGB image -> normalised float tensor (METHODS.md section 1, evaluation transform).
 
-Evaluation: Resize(shorter side to ``resize_size``, bicubic) + CenterCrop(``image_size``) + the backbone's
-mean/std. Training (regis.training): RandomResizedCrop(``image_size``, scale 0.2..1) + horizontal flip + the
-same normalisation.
+Evaluation: the image becomes an ``image_size`` square as ``config.frame`` says: "center-crop" =
+Resize(shorter side to ``resize_size``, bicubic) + CenterCrop(``image_size``); "squash" = Resize to
+(``image_size``, ``image_size``), the whole frame, aspect ratio not kept; "pad" = the whole frame resized to fit,
+aspect ratio kept, centred on the mean colour. Then the backbone's mean/std.
+Training (regis.training): RandomResizedCrop(``image_size``, scale 0.2..1) + horizontal flip + the same
+normalisation.
 """
 
 from __future__ import annotations
@@ -27,14 +30,41 @@ def eval_transform(config: EncoderConfig):
     """
     from torchvision import transforms as T
 
+    frame = getattr(config, "frame", "center-crop")
+    size, interp = config.image_size, _interp(config.interpolation)
+    if frame == "squash":
+        geometry = [T.Resize((size, size), interpolation=interp)]
+    elif frame == "pad":
+        geometry = [_PadToSquare(size, config.mean, interp)]
+    else:
+        geometry = [T.Resize(config.resize_size, interpolation=interp), T.CenterCrop(size)]
     return T.Compose(
         [
-            T.Resize(config.resize_size, interpolation=_interp(config.interpolation)),
-            T.CenterCrop(config.image_size),
+            *geometry,
             T.ToTensor(),
             T.Normalize(config.mean, config.std),
         ]
     )
+
+
+class _PadToSquare:
+    """PIL image -> ``size`` x ``size`` PIL image: the whole frame scaled to fit, centred on ``mean`` (0..1)."""
+
+    def __init__(self, size: int, mean: tuple[float, float, float], interpolation):
+        self.size, self.interpolation = size, interpolation
+        self.fill = tuple(round(255 * m) for m in mean)
+
+    def __call__(self, img):
+        from PIL import Image
+        from torchvision.transforms import functional as TF
+
+        w, h = img.size
+        scale = self.size / max(w, h)
+        nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
+        resized = TF.resize(img, [nh, nw], interpolation=self.interpolation)
+        canvas = Image.new("RGB", (self.size, self.size), self.fill)
+        canvas.paste(resized, ((self.size - nw) // 2, (self.size - nh) // 2))
+        return canvas
 
 
 def train_transform(config: EncoderConfig, scale: tuple[float, float] = (0.2, 1.0)):

@@ -1,0 +1,164 @@
+"""Hard instance retrieval on real photos: near-duplicate galleries, partial / rotated / recoloured queries.
+
+The set is ``regis.data.hard_cases`` built from the bundled photos (``regis photos``): per photo a gallery
+of 16 near duplicates (the photo, its 3 x 3 tiles, 4 overlapping corner crops, 2 burst frames) and queries
+of 7 kinds (view, tile, partial, rotate, color, jpeg, stereo). Relevance follows from geometry (see that
+module). Three scorers over one backbone pass of the same encoder:
+
+- ``maxsim-10``: late interaction over the encoder's 2(R + 1) tokens (what regis indexes and ranks with);
+- ``global``: the single global token (CLS, or a CNN's global average pool), cosine similarity;
+- ``dense``: late interaction over every patch token of the feature map (7 x 7 = 49 at 224 px), the
+  all-patches reference, 5x more vectors per image than the 10 tokens.
+
+Per query kind: Recall@1 and Recall@5 (a relevant item in the top K) and mAP (average precision over the
+relevant set, the whole gallery ranked).
+
+Usage:
+    python scripts/eval_hard_cases.py [--backbone efficientnet-lite0] [--repeats 3] [--seed 0]
+        [--frame ...] [--image-size ...] [--roi-size ...] [--cue-method ...] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from regis.data.hard_cases import QUERY_KINDS, HardSet, build_hard_set, skimage_data_dir
+from regis.data.sample_photos import collect_sample_photos
+from regis.models.encoder import RegisEncoder, build_encoder
+from regis.models.transforms import eval_transform
+from regis.scores.maxsim import maxsim_scores
+
+
+def backbone_pass(encoder: RegisEncoder, images: list[Image.Image], batch: int = 16):
+    """One backbone pass: (cues (n, R + 1, D), patches (n, P, D), grid) through the index's eval transform."""
+    tf = eval_transform(encoder.config)
+    cues, patches, grid = [], [], None
+    with torch.inference_mode():
+        for i in range(0, len(images), batch):
+            x = torch.stack([tf(im) for im in images[i : i + batch]])
+            c, p, grid = encoder.forward_parts(x)
+            cues.append(c.float())
+            patches.append(p.float())
+    return torch.cat(cues), torch.cat(patches), grid
+
+
+def scorer_tokens(encoder: RegisEncoder, parts) -> dict[str, torch.Tensor]:
+    """The token sets the three scorers compare: name -> (n, T, D) unit-norm float32."""
+    cues, patches, grid = parts
+    with torch.inference_mode():
+        tokens = encoder.readout(cues, patches, grid)
+    return {
+        "maxsim-10": tokens,
+        "global": tokens[:, :1],
+        "dense": F.normalize(patches, dim=-1),
+    }
+
+
+def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
+    """AP of one ranking: scores (N,), relevant (N,) bool with at least one True; ties broken by index."""
+    order = np.argsort(-scores, kind="stable")
+    hits = relevant[order]
+    ranks = np.flatnonzero(hits) + 1
+    return float((np.arange(1, len(ranks) + 1) / ranks).mean())
+
+
+def kind_metrics(scores: torch.Tensor, relevance: np.ndarray, kinds: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per query kind (and "all"): Recall@1, Recall@5, mAP and the number of queries."""
+    s = scores.numpy()
+    top = np.argsort(-s, axis=1, kind="stable")[:, :5]
+    hit1 = relevance[np.arange(len(s)), top[:, 0]]
+    hit5 = np.take_along_axis(relevance, top, axis=1).any(axis=1)
+    ap = np.array([average_precision(s[i], relevance[i]) for i in range(len(s))])
+    out = {}
+    for kind in ("all", *QUERY_KINDS):
+        sel = np.ones(len(s), bool) if kind == "all" else kinds == kind
+        if sel.any():
+            out[kind] = {"R@1": float(hit1[sel].mean()), "R@5": float(hit5[sel].mean()),
+                         "mAP": float(ap[sel].mean()), "n": int(sel.sum())}
+    return out
+
+
+def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None) -> dict:
+    """Scores every scorer on the hard set; returns {scorer: {kind: metrics}} plus vectors per image."""
+    g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, [it.image for it in hard.gallery]))
+    q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, [it.image for it in hard.queries]))
+    kinds = np.array([it.kind for it in hard.queries])
+    table = {name: kind_metrics(maxsim_scores(q[name], g[name]), hard.relevance, kinds) for name in g}
+    return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g}}
+
+
+def print_table(result: dict, title: str = "") -> None:
+    """One row per scorer, R@1 / R@5 / mAP per query kind."""
+    kinds = list(next(iter(result["metrics"].values())))
+    if title:
+        print(title)
+    print(f"{'scorer':10s} {'vec':>4s}" + "".join(f"{k + ' (' + str(result['metrics']['global'][k]['n']) + ')':>20s}"
+                                                  for k in kinds))
+    print(f"{'':15s}" + "".join(f"{'R@1   R@5   mAP':>20s}" for _ in kinds))
+    for name, row in result["metrics"].items():
+        cells = "".join(f"{row[k]['R@1']:8.3f}{row[k]['R@5']:6.3f}{row[k]['mAP']:6.3f}" for k in kinds)
+        print(f"{name:10s} {result['vectors_per_image'][name]:4d}{cells}")
+
+
+def load_hard_set(repeats: int, seed: int) -> tuple[HardSet, int]:
+    """The hard set from the bundled photos; returns it and the number of photos."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = collect_sample_photos(Path(tmp))
+        hard = build_hard_set(paths, repeats=repeats, seed=seed, stereo_dir=skimage_data_dir())
+    return hard, len(paths)
+
+
+def add_encoder_args(ap: argparse.ArgumentParser) -> None:
+    """The encoder options shared with the experiment driver."""
+    ap.add_argument("--backbone", default="efficientnet-lite0")
+    ap.add_argument("--weights", default=None)
+    ap.add_argument("--cue-method", default=None)
+    ap.add_argument("--roi-size", type=int, default=None)
+    ap.add_argument("--image-size", type=int, default=None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_encoder_args(ap)
+    ap.add_argument("--repeats", type=int, default=3, help="queries per (photo, kind)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    encoder = build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
+                            cue_method=args.cue_method, image_size=args.image_size)
+    t0 = time.perf_counter()
+    hard, n_photos = load_hard_set(args.repeats, args.seed)
+    result = evaluate(encoder, hard)
+    elapsed = time.perf_counter() - t0
+    cfg = encoder.config
+    print(f"hard cases: {n_photos} photos, gallery {len(hard.gallery)} items (16 per photo), "
+          f"{len(hard.queries)} queries, {hard.relevance.sum(1).mean():.2f} relevant items per query")
+    print(f"encoder {cfg.model_dump_json()} ({encoder.weights_info.source}); seed {args.seed}; "
+          f"{platform.machine()}, torch {torch.__version__}, {elapsed:.0f} s")
+    print_table(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": "python " + " ".join(sys.argv), "photos": n_photos, "gallery": len(hard.gallery),
+            "queries": len(hard.queries), "repeats": args.repeats, "seed": args.seed,
+            "encoder": cfg.model_dump(), "weights": encoder.weights_info.source, **result,
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

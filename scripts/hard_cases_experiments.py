@@ -1,0 +1,91 @@
+"""Every change tried on the hard set (``scripts/eval_hard_cases.py``), one table row per change.
+
+Two kinds of change: what the backbone sees (frame: centre crop / squash / pad, input size), which costs one
+backbone pass of the 715 images per setting (cached under ``--cache``), and how the tokens are read out of one
+pass (ROI window size, cue method, ...), which is cheap. Each row: the all-queries and per-kind Recall@1 of the
+10-token MaxSim, the global token and the dense all-patches reference, and mAP.
+
+Usage:
+    python scripts/hard_cases_experiments.py [--repeats 3] [--seed 0] [--cache /tmp/regis-hard-cache]
+        [--out docs/results/hard_cases]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_hard_cases import backbone_pass, evaluate, load_hard_set, print_table  # noqa: E402
+
+from regis.models.encoder import build_encoder  # noqa: E402
+
+# (row name, what the backbone sees, readout options); the first row is the "before".
+FRAMES = {
+    "crop224": dict(frame="center-crop", image_size=224),
+    "squash224": dict(frame="squash", image_size=224),
+    "pad224": dict(frame="pad", image_size=224),
+    "squash320": dict(frame="squash", image_size=320),
+}
+ROWS = [
+    ("before: centre crop, 224 px, grid cues, N = 3", "crop224", {}),
+    ("squash whole frame, 224 px", "squash224", {}),
+    ("pad whole frame, 224 px", "pad224", {}),
+    ("squash, 320 px", "squash320", {}),
+    ("centre crop, N = 5", "crop224", dict(roi_size=5)),
+    ("squash 224, N = 1", "squash224", dict(roi_size=1)),
+    ("squash 224, N = 5", "squash224", dict(roi_size=5)),
+    ("squash 224, kmeans cues", "squash224", dict(cue_method="kmeans")),
+    ("squash 224, attention cues", "squash224", dict(cue_method="attention")),
+    ("squash 320, N = 5", "squash320", dict(roi_size=5)),
+]
+
+
+def cached_parts(encoder, hard, key: str, cache: Path):
+    """Backbone parts of the gallery and the queries for one frame setting, from ``cache`` when there."""
+    path = cache / f"{key}.pt"
+    if path.is_file():
+        return torch.load(path)
+    t0 = time.perf_counter()
+    parts = (backbone_pass(encoder, [it.image for it in hard.gallery]),
+             backbone_pass(encoder, [it.image for it in hard.queries]))
+    print(f"[{key}] backbone pass {time.perf_counter() - t0:.0f} s", flush=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save(parts, path)
+    return parts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/regis-hard-cache"))
+    ap.add_argument("--out", type=Path, default=None, help="write results.json here")
+    ap.add_argument("--only", nargs="*", default=None, help="frame settings to run (default: all)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    hard, _ = load_hard_set(args.repeats, args.seed)
+    rows = []
+    for name, key, readout in ROWS:
+        if args.only and key not in args.only:
+            continue
+        encoder = build_encoder("efficientnet-lite0", **FRAMES[key], **readout)
+        g, q = cached_parts(encoder, hard, f"{key}-s{args.seed}-r{args.repeats}", args.cache)
+        result = evaluate(encoder, hard, g, q)
+        print_table(result, f"== {name}")
+        rows.append({"change": name, "frame": FRAMES[key], "readout": readout, **result})
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps({
+            "command": "python " + " ".join(sys.argv), "repeats": args.repeats, "seed": args.seed, "rows": rows,
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
