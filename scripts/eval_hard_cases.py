@@ -15,7 +15,10 @@ relevant set, the whole gallery ranked).
 
 Usage:
     python scripts/eval_hard_cases.py [--backbone efficientnet-lite0] [--repeats 3] [--seed 0]
-        [--frame ...] [--image-size ...] [--roi-size ...] [--cue-method ...] [--json OUT.json]
+        [--frame ...] [--image-size ...] [--roi-size ...] [--cue-method ...] [--cue-pooling ...] [--json OUT.json]
+
+    The encoder defaults (GeM pooling, N = 1 for CNNs) are the "after"; the "before" (mean pooling, N = 3):
+    python scripts/eval_hard_cases.py --roi-size 3 --cue-pooling mean
 """
 
 from __future__ import annotations
@@ -89,12 +92,17 @@ def kind_metrics(scores: torch.Tensor, relevance: np.ndarray, kinds: np.ndarray)
     return out
 
 
-def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None) -> dict:
-    """Scores every scorer on the hard set; returns {scorer: {kind: metrics}} plus vectors per image."""
+def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None, known=None) -> dict:
+    """Scores every scorer on the hard set; returns {scorer: {kind: metrics}} plus vectors per image.
+
+    ``known``: {scorer: metrics} already computed on the same backbone pass (the dense reference does not
+    depend on the readout), not recomputed."""
     g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, [it.image for it in hard.gallery]))
     q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, [it.image for it in hard.queries]))
     kinds = np.array([it.kind for it in hard.queries])
-    table = {name: kind_metrics(maxsim_scores(q[name], g[name]), hard.relevance, kinds) for name in g}
+    known = known or {}
+    table = {name: known[name] if name in known else kind_metrics(maxsim_scores(q[name], g[name]),
+                                                                   hard.relevance, kinds) for name in g}
     return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g}}
 
 
@@ -120,12 +128,14 @@ def load_hard_set(repeats: int, seed: int) -> tuple[HardSet, int]:
 
 
 def add_encoder_args(ap: argparse.ArgumentParser) -> None:
-    """The encoder options shared with the experiment driver."""
+    """The encoder options (each default: the encoder's own)."""
     ap.add_argument("--backbone", default="efficientnet-lite0")
     ap.add_argument("--weights", default=None)
     ap.add_argument("--cue-method", default=None)
     ap.add_argument("--roi-size", type=int, default=None)
     ap.add_argument("--image-size", type=int, default=None)
+    ap.add_argument("--frame", default=None, help="center-crop, squash or pad (default: the encoder's)")
+    ap.add_argument("--cue-pooling", default=None, help="mean or gem (CNN; default: the encoder's)")
 
 
 def main() -> int:
@@ -139,7 +149,8 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     encoder = build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
-                            cue_method=args.cue_method, image_size=args.image_size)
+                            cue_method=args.cue_method, image_size=args.image_size, frame=args.frame,
+                            cue_pooling=args.cue_pooling)
     t0 = time.perf_counter()
     hard, n_photos = load_hard_set(args.repeats, args.seed)
     result = evaluate(encoder, hard)

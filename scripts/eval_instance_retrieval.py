@@ -66,7 +66,7 @@ def main() -> int:
     ap.add_argument("--weights", default=None)
     ap.add_argument("--random-init", action="store_true")
     ap.add_argument("--cue-method", default=None)
-    ap.add_argument("--roi-size", type=int, default=3)
+    ap.add_argument("--roi-size", type=int, default=None, help="default: the encoder's")
     ap.add_argument("--repeats", type=int, default=1, help="copies per (photo, edit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--crop-area", type=float, nargs=2, default=(0.5, 0.8), metavar=("LOW", "HIGH"),

@@ -21,11 +21,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from eval_hard_cases import backbone_pass, evaluate, load_hard_set, print_table  # noqa: E402
+import numpy as np  # noqa: E402
+from eval_hard_cases import backbone_pass, evaluate, kind_metrics, load_hard_set, print_table  # noqa: E402
 
+from regis.models.cues import cnn_cues  # noqa: E402
 from regis.models.encoder import build_encoder  # noqa: E402
+from regis.scores.maxsim import maxsim_scores  # noqa: E402
 
-# (row name, what the backbone sees, readout options); the first row is the "before".
+# (row name, what the backbone sees, readout options); the first row is the "before", the row marked
+# AFTER the chosen defaults (regis.models.encoder: DEFAULT_CUE_POOLING, DEFAULT_CNN_ROI_SIZE).
+BEFORE = dict(roi_size=3, cue_pooling="mean", cue_method="grid")
+AFTER = dict(roi_size=1, cue_pooling="gem", cue_method="grid")
 FRAMES = {
     "crop224": dict(frame="center-crop", image_size=224),
     "squash224": dict(frame="squash", image_size=224),
@@ -33,17 +39,33 @@ FRAMES = {
     "squash320": dict(frame="squash", image_size=320),
 }
 ROWS = [
-    ("before: centre crop, 224 px, grid cues, N = 3", "crop224", {}),
-    ("squash whole frame, 224 px", "squash224", {}),
-    ("pad whole frame, 224 px", "pad224", {}),
-    ("squash, 320 px", "squash320", {}),
-    ("centre crop, N = 5", "crop224", dict(roi_size=5)),
-    ("squash 224, N = 1", "squash224", dict(roi_size=1)),
-    ("squash 224, N = 5", "squash224", dict(roi_size=5)),
-    ("squash 224, kmeans cues", "squash224", dict(cue_method="kmeans")),
-    ("squash 224, attention cues", "squash224", dict(cue_method="attention")),
-    ("squash 320, N = 5", "squash320", dict(roi_size=5)),
+    ("before: centre crop 224 px, mean pooling, N = 3", "crop224", BEFORE),
+    ("squash the whole frame", "squash224", BEFORE),
+    ("pad the whole frame", "pad224", BEFORE),
+    ("squash, 320 px", "squash320", BEFORE),
+    ("N = 5", "crop224", {**BEFORE, "roi_size": 5}),
+    ("N = 1", "crop224", {**BEFORE, "roi_size": 1}),
+    ("GeM pooling", "crop224", {**BEFORE, "cue_pooling": "gem"}),
+    ("AFTER: GeM pooling + N = 1", "crop224", AFTER),
+    ("GeM + N = 1, kmeans cues", "crop224", {**AFTER, "cue_method": "kmeans"}),
+    ("GeM + N = 1, attention cues", "crop224", {**AFTER, "cue_method": "attention"}),
+    ("GeM + N = 1, squash", "squash224", AFTER),
+    ("GeM + N = 1, squash 320 px", "squash320", AFTER),
 ]
+TYPED_GROUPS = ((0, 1), (1, 5), (5, 6), (6, 10))  # global, parts, ROI of the global cue, ROIs of the parts
+
+
+def typed_maxsim(q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """A scoring variant tried: MaxSim where a query token only meets gallery tokens of its own role (global /
+    part / ROI of the global cue / part ROIs); (Q, N)."""
+    return sum(maxsim_scores(q[:, a:b], g[:, a:b]) for a, b in TYPED_GROUPS)
+
+
+def with_cues(encoder, parts):
+    """Parts with the cue tokens recomputed from the cached patch tokens by this encoder's cue rule (CNN)."""
+    _, patches, grid = parts
+    cfg = encoder.config
+    return cnn_cues(patches, grid, cfg.num_registers, cfg.cue_method, cfg.cue_pooling), patches, grid
 
 
 def cached_parts(encoder, hard, key: str, cache: Path):
@@ -70,13 +92,20 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     hard, _ = load_hard_set(args.repeats, args.seed)
-    rows = []
+    kinds = np.array([it.kind for it in hard.queries])
+    rows, dense = [], {}
     for name, key, readout in ROWS:
         if args.only and key not in args.only:
             continue
         encoder = build_encoder("efficientnet-lite0", **FRAMES[key], **readout)
         g, q = cached_parts(encoder, hard, f"{key}-s{args.seed}-r{args.repeats}", args.cache)
-        result = evaluate(encoder, hard, g, q)
+        g, q = with_cues(encoder, g), with_cues(encoder, q)
+        result = evaluate(encoder, hard, g, q, known={"dense": dense[key]} if key in dense else None)
+        dense[key] = result["metrics"]["dense"]
+        if readout in (BEFORE, AFTER):
+            tq, tg = encoder.readout(*q), encoder.readout(*g)
+            result["metrics"]["typed"] = kind_metrics(typed_maxsim(tq, tg), hard.relevance, kinds)
+            result["vectors_per_image"]["typed"] = 10
         print_table(result, f"== {name}")
         rows.append({"change": name, "frame": FRAMES[key], "readout": readout, **result})
     if args.out:

@@ -11,6 +11,11 @@ CNN's "CLS"), cues 1..R are part tokens computed from the local features by one 
 - ``attention``: attention pooling, one softmax(cos / tau) map per query, the queries being the same
   farthest-point seeds as ``kmeans`` (a soft, one-step version of it).
 
+``pooling`` says how the global token and the ``grid`` cells pool their features: ``mean`` (the average, what
+indexes without this choice used) or ``gem`` (generalised mean, (mean x^p)^(1/p) with p = ``GEM_P`` = 3;
+Radenovic, Tolias & Chum, TPAMI 2019): it leans toward the strongest activations, the usual pooling of CNN
+features for instance retrieval. Chosen by measurement: docs/RESULTS.md, "Hard cases".
+
 The ROI rule (buddy patch + N x N window) is then applied to these cues exactly as for a ViT. Which method
 is the default is decided by measurement: ``scripts/eval_instance_retrieval.py --cue-method ...`` (README).
 """
@@ -25,6 +30,9 @@ import torch.nn.functional as F
 from regis.errors import ConfigError
 
 CUE_METHODS = ("kmeans", "attention", "grid")
+CUE_POOLINGS = ("mean", "gem")
+GEM_P = 3.0
+GEM_EPS = 1e-6  # features are clamped to this before the power (GeM needs non-negative inputs)
 
 
 def farthest_point_seeds(feats: torch.Tensor, r: int) -> torch.Tensor:
@@ -95,8 +103,13 @@ def attention_parts(feats: torch.Tensor, r: int, tau: float = 0.1) -> torch.Tens
     return torch.einsum("brp,bpd->brd", attn, feats)
 
 
-def grid_parts(feats: torch.Tensor, grid: tuple[int, int], r: int) -> torch.Tensor:
-    """Mean of each cell of a sqrt(R) x sqrt(R) spatial partition of the feature map.
+def gem_pool(feats: torch.Tensor, dim: int, keepdim: bool = False) -> torch.Tensor:
+    """Generalised-mean pooling (mean over ``dim`` of max(x, eps)^p)^(1/p), p = ``GEM_P``; same dtype."""
+    return feats.clamp(min=GEM_EPS).pow(GEM_P).mean(dim=dim, keepdim=keepdim).pow(1.0 / GEM_P)
+
+
+def grid_parts(feats: torch.Tensor, grid: tuple[int, int], r: int, pooling: str = "mean") -> torch.Tensor:
+    """Mean (or GeM, ``pooling="gem"``) of each cell of a sqrt(R) x sqrt(R) spatial partition of the feature map.
 
     Raises:
         ConfigError: R is not a perfect square or the map is smaller than the partition.
@@ -108,30 +121,39 @@ def grid_parts(feats: torch.Tensor, grid: tuple[int, int], r: int) -> torch.Tens
     if h < side or w < side:
         raise ConfigError(f"a {h} x {w} feature map cannot be split into {side} x {side} cells")
     fmap = feats.transpose(1, 2).reshape(feats.shape[0], feats.shape[2], h, w)
-    pooled = F.adaptive_avg_pool2d(fmap, side)  # (B, D, side, side)
+    if pooling == "gem":
+        pooled = F.adaptive_avg_pool2d(fmap.clamp(min=GEM_EPS).pow(GEM_P), side).pow(1.0 / GEM_P)
+    else:
+        pooled = F.adaptive_avg_pool2d(fmap, side)  # (B, D, side, side)
     return pooled.flatten(2).transpose(1, 2)
 
 
-def cnn_cues(feats: torch.Tensor, grid: tuple[int, int], r: int, method: str = "kmeans") -> torch.Tensor:
-    """The R + 1 cue tokens of a CNN feature map: global average pool, then R part tokens.
+def cnn_cues(
+    feats: torch.Tensor, grid: tuple[int, int], r: int, method: str = "kmeans", pooling: str = "mean"
+) -> torch.Tensor:
+    """The R + 1 cue tokens of a CNN feature map: global pool, then R part tokens.
 
     Args:
         feats: (B, P, D) float local features, row-major on ``grid``.
         grid: (h, w), h * w == P.
         r: number of part tokens (the "registers"), 0 <= r <= P.
         method: one of ``CUE_METHODS``.
+        pooling: one of ``CUE_POOLINGS``: how the global token and the ``grid`` cells pool (``kmeans`` and
+            ``attention`` parts are means / weighted means either way).
 
     Returns:
         (B, r + 1, D) cue tokens, not normalised.
 
     Raises:
-        ConfigError: unknown method or r out of range.
+        ConfigError: unknown method or pooling, or r out of range.
     """
     if method not in CUE_METHODS:
         raise ConfigError(f"unknown cue method {method!r}; choose one of {CUE_METHODS}")
+    if pooling not in CUE_POOLINGS:
+        raise ConfigError(f"unknown cue pooling {pooling!r}; choose one of {CUE_POOLINGS}")
     if not 0 <= r <= feats.shape[1]:
         raise ConfigError(f"R = {r} part tokens cannot come from {feats.shape[1]} local features")
-    gap = feats.mean(dim=1, keepdim=True)
+    gap = gem_pool(feats, 1, keepdim=True) if pooling == "gem" else feats.mean(dim=1, keepdim=True)
     if r == 0:
         return gap
     if method == "kmeans":
@@ -139,5 +161,5 @@ def cnn_cues(feats: torch.Tensor, grid: tuple[int, int], r: int, method: str = "
     elif method == "attention":
         parts = attention_parts(feats, r)
     else:
-        parts = grid_parts(feats, grid, r)
+        parts = grid_parts(feats, grid, r, pooling)
     return torch.cat([gap, parts], dim=1)

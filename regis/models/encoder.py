@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from torch import nn
 
 from regis.errors import ConfigError, IndexMismatchError, WeightsError
-from regis.models.cues import CUE_METHODS, cnn_cues
+from regis.models.cues import CUE_METHODS, CUE_POOLINGS, cnn_cues
 from regis.models.registry import BackboneSpec, get_backbone_spec
 from regis.models.roi import BORDER_MODES, buddy_patches, check_roi_size, roi_tokens
 from regis.models.weights import (
@@ -31,6 +31,11 @@ from regis.models.weights import (
 
 TOKEN_SETS = ("cls", "cls+reg", "cls+reg+roi")
 DEFAULT_CUE_METHOD = "grid"  # chosen by measurement: README, "Measured"
+# CNN defaults chosen on the hard real-photo set (docs/RESULTS.md, "Hard cases"); a manifest or training run
+# without these fields keeps the earlier behaviour (mean pooling; its stored roi_size).
+DEFAULT_CUE_POOLING = "gem"
+DEFAULT_CNN_ROI_SIZE = 1
+DEFAULT_ROI_SIZE = 3  # ViTs, as in METHODS.md
 FRAMES = ("center-crop", "squash", "pad")
 DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
 
@@ -47,6 +52,8 @@ class EncoderConfig(BaseModel):
         border: "clip" or "shift" (window at the grid border).
         token_set: which tokens the encoder returns ("cls", "cls+reg", "cls+reg+roi").
         cue_method: CNN only: how part tokens are made ("kmeans", "attention", "grid").
+        cue_pooling: CNN only: how the global token and the grid cells pool ("mean", "gem";
+            ``regis.models.cues``). "mean" for ViTs and for indexes written before the field existed.
         image_size: square input side, pixels.
         resize_size: shorter side before the centre crop, pixels ("center-crop" frame only).
         frame: how an image becomes the square input (``regis.models.transforms``): "center-crop" (shorter
@@ -67,6 +74,7 @@ class EncoderConfig(BaseModel):
     border: Literal["clip", "shift"] = "clip"
     token_set: Literal["cls", "cls+reg", "cls+reg+roi"] = "cls+reg+roi"
     cue_method: str | None = None
+    cue_pooling: Literal["mean", "gem"] = "mean"
     image_size: int = 224
     resize_size: int = 224
     frame: Literal["center-crop", "squash", "pad"] = "center-crop"
@@ -146,7 +154,8 @@ class RegisEncoder(nn.Module):
         fmap = self.backbone.forward_features(images)  # (B, D, h, w)
         grid = (fmap.shape[-2], fmap.shape[-1])
         patches = fmap.flatten(2).transpose(1, 2)
-        cues = cnn_cues(patches, grid, self.config.num_registers, self.config.cue_method or DEFAULT_CUE_METHOD)
+        cues = cnn_cues(patches, grid, self.config.num_registers, self.config.cue_method or DEFAULT_CUE_METHOD,
+                        self.config.cue_pooling)
         return cues, patches, grid
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -240,6 +249,7 @@ def build_encoder(
     device: str | torch.device = "cpu",
     image_size: int | None = None,
     frame: str | None = None,
+    cue_pooling: str | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -248,7 +258,9 @@ def build_encoder(
             (a training run), else ``efficientnet-lite0``.
         weights: path to weights (safetensors, torch state dict, or a run directory with encoder.safetensors).
         random_init: random weights (seeded with ``seed``); for tests only.
-        roi_size, border, token_set, cue_method: override the defaults (or the stored run config).
+        roi_size, border, token_set, cue_method, cue_pooling: override the defaults (or the stored run
+            config). Defaults for a new encoder: N = ``DEFAULT_ROI_SIZE`` (ViT) or ``DEFAULT_CNN_ROI_SIZE``
+            (CNN), cue pooling ``DEFAULT_CUE_POOLING`` (CNN; a stored run without the field: "mean").
         device: where to put the model; it is returned in eval mode.
         image_size: input side in pixels (crop and resize), CNN backbones only; default: the stored run
             config's, else the registry's (224 for the real backbones).
@@ -279,6 +291,10 @@ def build_encoder(
         raise ConfigError(f"token set must be one of {TOKEN_SETS}, got {token_set!r}")
     if cue_method is not None and spec.kind != "cnn":
         raise ConfigError(f"--cue-method applies to CNN backbones only, not {spec.name}")
+    if cue_pooling is not None and cue_pooling not in CUE_POOLINGS:
+        raise ConfigError(f"cue pooling must be one of {CUE_POOLINGS}, got {cue_pooling!r}")
+    if cue_pooling not in (None, "mean") and spec.kind != "cnn":
+        raise ConfigError(f"cue pooling {cue_pooling!r} applies to CNN backbones only, not {spec.name}")
     size = image_size if image_size is not None else int(stored.get("image_size", spec.image_size))
     if size != spec.image_size and spec.kind != "cnn":
         raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; image size {size} applies to CNNs only")
@@ -303,10 +319,14 @@ def build_encoder(
         kind=spec.kind,
         num_registers=r,
         dim=dim,
-        roi_size=roi_size if roi_size is not None else stored.get("roi_size", 3),
+        roi_size=roi_size if roi_size is not None else stored.get(
+            "roi_size", DEFAULT_CNN_ROI_SIZE if spec.kind == "cnn" else DEFAULT_ROI_SIZE
+        ),
         border=border or stored.get("border", "clip"),
         token_set=token_set or stored.get("token_set", "cls+reg+roi"),
         cue_method=(cue_method or stored.get("cue_method") or DEFAULT_CUE_METHOD) if spec.kind == "cnn" else None,
+        cue_pooling=(cue_pooling or stored.get("cue_pooling", "mean" if stored else DEFAULT_CUE_POOLING))
+        if spec.kind == "cnn" else "mean",
         image_size=size,
         resize_size=resize,
         frame=frame or stored.get("frame", DEFAULT_FRAME),
@@ -346,7 +366,7 @@ def encoder_from_manifest(
             )
     kwargs = dict(
         backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
-        cue_method=config.cue_method, device=device, frame=config.frame,
+        cue_method=config.cue_method, device=device, frame=config.frame, cue_pooling=config.cue_pooling,
     )
     if config.kind == "cnn":
         kwargs["image_size"] = config.image_size

@@ -1,0 +1,116 @@
+"""The hard real-photo set (regis.data.hard_cases) and the encoder defaults it chose (docs/RESULTS.md, section
+"Hard cases"): a tile against its whole photo."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from regis.data.augment import color_jitter, encode_jpeg
+from regis.data.hard_cases import Item, build_hard_set, is_relevant, tile_boxes
+from regis.images.decode import decode_image
+from regis.models.encoder import EncoderConfig, build_encoder
+from regis.models.transforms import eval_transform
+from regis.scores.maxsim import maxsim_scores
+
+BLANK = Image.new("RGB", (8, 8))
+
+
+def item(kind: str, box, photo: str = "a.png") -> Item:
+    return Item(BLANK, photo, kind, box)
+
+
+def test_relevance_follows_the_geometry():
+    w, h = 300, 300
+    photo = item("photo", (0, 0, w, h))
+    tiles = [item("tile", b) for b in tile_boxes(w, h)]
+    corner = item("overlap", (0, 0, 200, 200))
+    # a slightly shifted centre tile: its own tile only (it fills 11 % of the photo, 25 % of the corner crop)
+    q = item("tile", (105, 105, 205, 205))
+    assert [is_relevant(q, t) for t in tiles] == [False] * 4 + [True] + [False] * 4
+    assert not is_relevant(q, photo) and not is_relevant(q, corner)
+    # a 70 % view: the photo, not the tiles nor the corner crop (which shows 2/3 of it)
+    view = item("view", (0, 0, 250, 250))
+    assert is_relevant(view, photo) and not is_relevant(view, corner)
+    assert not any(is_relevant(view, t) for t in tiles)
+    # a partial view inside the corner crop: the photo and that crop
+    part = item("partial", (10, 10, 190, 190))
+    assert is_relevant(part, photo) and is_relevant(part, corner)
+    # never across photos
+    assert not is_relevant(item("view", (0, 0, 250, 250), photo="b.png"), photo)
+
+
+def test_hard_set_is_seeded_and_every_query_has_an_answer(photos_dir):
+    paths = sorted(photos_dir.glob("skimage-c*.png"))[:2]  # camera, cell: small grey photos
+    a = build_hard_set(paths, repeats=1, seed=3)
+    b = build_hard_set(paths, repeats=1, seed=3)
+    assert len(a.gallery) == 2 * 16 and len(a.queries) == 2 * 6
+    assert a.relevance.shape == (12, 32) and a.relevance.any(axis=1).all()
+    assert [q.box for q in a.queries] == [q.box for q in b.queries]
+    assert all(np.array_equal(np.asarray(x.image), np.asarray(y.image)) for x, y in zip(a.queries, b.queries))
+
+
+def test_old_manifest_config_keeps_the_centre_crop():
+    """An index written before ``frame`` existed has no such field: it reads as the centre crop it used."""
+    old = dict(backbone="efficientnet-lite0", kind="cnn", num_registers=4, dim=1280, cue_method="grid",
+               mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    config = EncoderConfig.model_validate(old)
+    assert config.frame == "center-crop"
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (120, 300, 3), dtype=np.uint8))
+    x = eval_transform(config)(img)
+    # the central 224 x 224 square of the image resized to a 224-px shorter side
+    from torchvision.transforms import functional as TF
+
+    ref = TF.center_crop(TF.resize(img, 224, interpolation=TF.InterpolationMode.BICUBIC), 224)
+    ref = TF.normalize(TF.to_tensor(ref), config.mean, config.std)
+    assert torch.equal(x, ref)
+
+
+@pytest.mark.slow
+def test_defaults_tell_a_tile_from_its_photo(photos_dir, one_thread):
+    """Gallery: a real photo and its 3 x 3 tiles. A re-shot 75 % view finds the photo, an edited tile its tile,
+    with the default encoder (10-token MaxSim)."""
+    encoder = build_encoder("efficientnet-lite0")
+    tf = eval_transform(encoder.config)
+    img = decode_image(photos_dir / "skimage-coffee.png").image
+    w, h = img.size
+    boxes = tile_boxes(w, h)
+    gallery = [img] + [img.crop(b) for b in boxes]
+    rng = np.random.default_rng(0)
+    view = img.crop((round(0.1 * w), round(0.05 * h), round(0.95 * w), round(0.93 * h))).rotate(5, Image.BICUBIC)
+    view = decode_image(encode_jpeg(color_jitter(view, rng, 0.2), 60)).image
+    x0, y0, x1, y1 = boxes[5]
+    tile = img.crop((x0 + 6, y0 - 4, x1 + 6, y1 - 4))
+    tile = decode_image(encode_jpeg(color_jitter(tile, rng, 0.2), 60)).image
+    g = encoder.encode(torch.stack([tf(im) for im in gallery]))
+    q = encoder.encode(torch.stack([tf(view), tf(tile)]))
+    scores = maxsim_scores(q, g)
+    assert scores.argmax(dim=1).tolist() == [0, 1 + 5]
+
+
+def test_gem_pooling_by_hand():
+    from regis.models.cues import cnn_cues, gem_pool
+
+    feats = torch.tensor([[[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [4.0, 8.0]]])  # (1, 4 patches, 2 dims), 2 x 2 grid
+    expected = torch.tensor([(100 / 4) ** (1 / 3), (512 / 4) ** (1 / 3)])
+    assert torch.allclose(gem_pool(feats, 1)[0], expected, atol=1e-4)
+    cues = cnn_cues(feats, (2, 2), 4, "grid", "gem")
+    # each grid cell is one patch: GeM of one value is the value (zeros clamp to 1e-6)
+    assert torch.allclose(cues[0, 0], expected, atol=1e-4)
+    assert torch.allclose(cues[0, 1:], feats[0].clamp(min=1e-6), atol=1e-5)
+    assert torch.allclose(cnn_cues(feats, (2, 2), 4, "grid", "mean")[0, 0], feats[0].mean(0))
+
+
+def test_defaults_and_old_manifests(tiny_encoder, lite0_encoder):
+    """New CNN encoders: GeM pooling, N = 1; ViTs keep N = 3. A CNN index written before cue_pooling existed
+    rebuilds with mean pooling and its stored N, and still matches its manifest."""
+    from regis.models.encoder import encoder_from_manifest
+
+    assert (lite0_encoder.config.cue_pooling, lite0_encoder.config.roi_size) == ("gem", 1)
+    assert lite0_encoder.config.frame == "center-crop"
+    assert (tiny_encoder.config.cue_pooling, tiny_encoder.config.roi_size) == ("mean", 3)
+    old = lite0_encoder.config.model_dump(exclude={"cue_pooling", "frame"}) | {"roi_size": 3}
+    config = EncoderConfig.model_validate(old)
+    assert (config.cue_pooling, config.frame) == ("mean", "center-crop")
+    rebuilt = encoder_from_manifest(config, lite0_encoder.weights_info)
+    assert rebuilt.config == config
