@@ -101,8 +101,8 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
     q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, [it.image for it in hard.queries]))
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
-    table = {name: known[name] if name in known else kind_metrics(maxsim_scores(q[name], g[name]),
-                                                                   hard.relevance, kinds) for name in g}
+    table = {name: known[name] if name in known else kind_metrics(
+        maxsim_scores(q[name], g[name], chunk_size=16), hard.relevance, kinds) for name in g}
     return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g}}
 
 

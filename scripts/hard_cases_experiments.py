@@ -36,21 +36,18 @@ FRAMES = {
     "crop224": dict(frame="center-crop", image_size=224),
     "squash224": dict(frame="squash", image_size=224),
     "pad224": dict(frame="pad", image_size=224),
-    "squash320": dict(frame="squash", image_size=320),
 }
-ROWS = [
+ROWS = [  # grouped by backbone pass
     ("before: centre crop 224 px, mean pooling, N = 3", "crop224", BEFORE),
-    ("squash the whole frame", "squash224", BEFORE),
-    ("pad the whole frame", "pad224", BEFORE),
-    ("squash, 320 px", "squash320", BEFORE),
     ("N = 5", "crop224", {**BEFORE, "roi_size": 5}),
     ("N = 1", "crop224", {**BEFORE, "roi_size": 1}),
     ("GeM pooling", "crop224", {**BEFORE, "cue_pooling": "gem"}),
     ("AFTER: GeM pooling + N = 1", "crop224", AFTER),
     ("GeM + N = 1, kmeans cues", "crop224", {**AFTER, "cue_method": "kmeans"}),
     ("GeM + N = 1, attention cues", "crop224", {**AFTER, "cue_method": "attention"}),
+    ("squash the whole frame", "squash224", BEFORE),
     ("GeM + N = 1, squash", "squash224", AFTER),
-    ("GeM + N = 1, squash 320 px", "squash320", AFTER),
+    ("pad the whole frame", "pad224", BEFORE),
 ]
 TYPED_GROUPS = ((0, 1), (1, 5), (5, 6), (6, 10))  # global, parts, ROI of the global cue, ROIs of the parts
 
@@ -68,11 +65,18 @@ def with_cues(encoder, parts):
     return cnn_cues(patches, grid, cfg.num_registers, cfg.cue_method, cfg.cue_pooling), patches, grid
 
 
+_LOADED: dict = {}
+
+
 def cached_parts(encoder, hard, key: str, cache: Path):
     """Backbone parts of the gallery and the queries for one frame setting, from ``cache`` when there."""
     path = cache / f"{key}.pt"
+    if key in _LOADED:
+        return _LOADED[key]
     if path.is_file():
-        return torch.load(path)
+        _LOADED.clear()
+        _LOADED[key] = torch.load(path)
+        return _LOADED[key]
     t0 = time.perf_counter()
     parts = (backbone_pass(encoder, [it.image for it in hard.gallery]),
              backbone_pass(encoder, [it.image for it in hard.queries]))

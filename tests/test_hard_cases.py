@@ -47,7 +47,8 @@ def test_hard_set_is_seeded_and_every_query_has_an_answer(photos_dir):
     assert len(a.gallery) == 2 * 16 and len(a.queries) == 2 * 6
     assert a.relevance.shape == (12, 32) and a.relevance.any(axis=1).all()
     assert [q.box for q in a.queries] == [q.box for q in b.queries]
-    assert all(np.array_equal(np.asarray(x.image), np.asarray(y.image)) for x, y in zip(a.queries, b.queries))
+    pairs = zip(a.queries, b.queries, strict=True)
+    assert all(np.array_equal(np.asarray(x.image), np.asarray(y.image)) for x, y in pairs)
 
 
 def test_old_manifest_config_keeps_the_centre_crop():
