@@ -24,12 +24,13 @@ def serve_ray(service, host: str, port: int, weights: str | None) -> None:
         ConfigError: Ray is not installed.
         IndexFormatError: not a sharded collection.
     """
-    _require_ray()
-    from cluster.serve import serve_forever
-    from cluster.settings import RaySettings
     from regis.sharding.layout import read_layout
 
     read_layout(service.index_dir)  # a clear error before Ray starts
+    _require_ray()
+    from cluster.serve import serve_forever
+    from cluster.settings import RaySettings
+
     serve_forever(service.index_dir, service, RaySettings(http_host=host, http_port=port), weights)
 
 

@@ -56,14 +56,17 @@ class LocalRayCluster:
         self.address = f"127.0.0.1:{self.port}"
 
     def _run(self, *args: str) -> None:
-        subprocess.run([_ray_cli(), *args], env=self.env, check=True, timeout=self.timeout_s,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run([_ray_cli(), *args], env=self.env, timeout=self.timeout_s, capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
+            raise RuntimeError(f"`ray {' '.join(args[:2])}` failed (exit {done.returncode}): " + " | ".join(tail))
 
     def start(self) -> LocalRayCluster:
         """Start the head, then the workers.
 
         Raises:
-            subprocess.CalledProcessError / TimeoutExpired: a node did not start (the cluster is stopped).
+            RuntimeError / subprocess.TimeoutExpired: a node did not start (the cluster is stopped).
         """
         common = ["--object-store-memory", str(self.object_store_bytes), "--disable-usage-stats"]
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -13,8 +13,8 @@ class RaySettings(BaseSettings):
     """Configuration of ``regis serve --ray`` and ``regis index build --ray``.
 
     Attributes:
-        address: the Ray cluster to join ("auto": the one started with ``ray start`` on this machine; None: a
-            fresh local Ray in this process).
+        address: the Ray cluster to join ("auto": the one started with ``ray start`` on this machine; empty or
+            None: a fresh local Ray started by this process).
         namespace: Ray namespace of the application.
         http_host, http_port: where Ray Serve's HTTP proxy listens.
         proxy_location: "EveryNode" (a proxy on every node: put a load balancer in front), "HeadOnly" (one
@@ -63,3 +63,8 @@ class RaySettings(BaseSettings):
     build_encoder_actors: int = Field(default=1, ge=1, le=1024)
     build_decode_cpus: float = Field(default=1.0, gt=0, le=64)
     build_checkpoint_images: int = Field(default=10_000, ge=1)
+
+    @field_validator("address", mode="before")
+    @classmethod
+    def _empty_address(cls, v: object) -> object:
+        return v or None  # REGIS_RAY_ADDRESS= (empty): a local Ray of this process
