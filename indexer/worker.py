@@ -271,6 +271,7 @@ def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None =
             worker.kill_horse(signal.SIGKILL)
             worker.wait_for_horse()
         _wait_for_redis(conn, settings.redis_url)
+        time.sleep(1.0)  # never a tight restart loop, whatever made RQ give up
 
 
 def _wait_for_redis(conn, url: str, cap_s: float = 10.0) -> None:
