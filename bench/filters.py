@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--filters", default=",".join(FILTERS), help="which rows: none,1%%,50%%")
     args = ap.parse_args()
 
     import torch
@@ -85,6 +86,8 @@ def main() -> None:
     engine.searcher = Searcher(snap, search_threads=1)
     rows = []
     for label, where in FILTERS.items():
+        if label not in args.filters.split(","):
+            continue
         cold_ms = None
         n_allowed = len(snap)
         if where is not None:
