@@ -80,12 +80,12 @@ class ShardSearcher:
         return self.searcher.snapshot.version if self.searcher else None
 
     def search(self, query: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-               nprobe: int | None = None) -> SearchResult:
+               nprobe: int | None = None, candidates: str | None = None) -> SearchResult:
         """``Searcher.search`` on this shard, ids made global. Query (m, D) float32."""
         if self.searcher is None:
             return SearchResult(np.zeros(0, np.int64), np.zeros(0, np.float32), 0,
                                 {"candidates": 0.0, "rerank": 0.0}, depth)
-        r = self.searcher.search(query, k=k, depth=depth, mode=mode, nprobe=nprobe)
+        r = self.searcher.search(query, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
         r.ids = to_global(r.ids, self.shard, self.num_shards)
         return r
 
@@ -139,10 +139,10 @@ class ShardedSearcher:
             raise
 
     def search(self, query: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-               nprobe: int | None = None) -> SearchResult:
+               nprobe: int | None = None, candidates: str | None = None) -> SearchResult:
         """Fan the query (m, D) float32 out to every shard and merge their top-k; see ``merge_top_k``."""
         t0 = time.perf_counter()
-        out = merge_top_k([s.search(query, k, depth, mode, nprobe) for s in self.shards], k)
+        out = merge_top_k([s.search(query, k, depth, mode, nprobe, candidates) for s in self.shards], k)
         out.timings_ms["total"] = (time.perf_counter() - t0) * 1e3
         return out
 
