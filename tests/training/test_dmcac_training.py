@@ -171,7 +171,7 @@ def test_overlap_context_never_holds_the_query_and_full_equals_topk_when_k_cover
         assert torch.allclose(topk[key], full[key], atol=1e-6), key
 
 
-def test_dmcac_config_validation(stripes, tmp_path):
+def test_dmcac_config_validation(stripes, tmp_path, caplog):
     with pytest.raises(ConfigError, match="views A >= 2"):
         config(stripes, views=1)
     with pytest.raises(ConfigError, match="not all 0"):
@@ -180,8 +180,11 @@ def test_dmcac_config_validation(stripes, tmp_path):
         config(stripes, retrieval="approx")
     with pytest.raises(ConfigError, match="lower --batch-size"):
         start_run("dmcac", config(stripes, batch_size=13), tmp_path / "r", QUIET)
-    with pytest.raises(ConfigError, match="warm-up"):
+    # A warm-up longer than the run is clamped to the run's steps with a warning naming the option (issue 14,
+    # fault 13), no longer refused.
+    with caplog.at_level("WARNING", logger="regis.training"):
         start_run("dmcac", config(stripes, epochs=1, warmup_steps=5), tmp_path / "r2", QUIET)
+    assert "--warmup-steps 5" in caplog.text
 
 
 def test_cli_train_resume_then_eval_index_and_serve_the_exported_encoder(stripes, tmp_path):
