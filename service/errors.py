@@ -37,10 +37,12 @@ def allowed_methods(request: Request) -> str:
 
     paths = request.app.openapi().get("paths", {})
     path = request.url.path
-    matching = [paths[path]] if path in paths else [  # a literal path (/v1/jobs/index) wins over templates
-        item for template, item in paths.items()
-        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), path)]
-    return ", ".join(sorted({m.upper() for item in matching for m in item if m in _HTTP_METHODS}))
+    matching = [(template.count("{"), item) for template, item in paths.items()
+                if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), path)]
+    # The most literal template wins, as in routing: /v1/collections/{collection}/jobs/index over
+    # /v1/collections/{collection}/jobs/{job_id}.
+    fewest = min((n for n, _ in matching), default=0)
+    return ", ".join(sorted({m.upper() for n, item in matching if n == fewest for m in item if m in _HTTP_METHODS}))
 
 
 _HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
@@ -84,6 +86,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # FastAPI's answer to a JSON body that does not parse: a request error like any other (422).
+            return JSONResponse(error_body("invalid_request", "the request body is not valid JSON"),
+                                status_code=422)
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code,
                                                                                         "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
