@@ -118,18 +118,10 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
         IndexFormatError: there is no index.
         IndexLockedError: another writer holds the index past ``lock_timeout_s``.
     """
-    from regis.errors import IndexFormatError
-    from regis.indexes.layout import VERSIONS_DIR, read_current
-    from regis.indexes.manifest import read_manifest
+    from indexer.uploads import open_live_writer  # uploads imports this module
     from regis.indexes.table import ImageRecord
-    from regis.indexes.writer import IndexWriter
 
-    index_dir = Path(index_dir)
-    current = read_current(index_dir) if index_dir.is_dir() else None
-    if current is None:
-        raise IndexFormatError(f"{index_dir} holds no index yet")
-    manifest = read_manifest(index_dir / VERSIONS_DIR / current)
-    with IndexWriter(index_dir, manifest.encoder, manifest.weights, lock_timeout_s=lock_timeout_s) as w:
+    with open_live_writer(index_dir, lock_timeout_s) as w:
         rec = w.table.get(image_id) if w.is_live(image_id) else None
         if rec is None:
             w.abort()

@@ -163,6 +163,22 @@ def add_images(
     return report
 
 
+def open_live_writer(index_dir: str | Path, lock_timeout_s: float = 0.0, why: str = "") -> IndexWriter:
+    """A writer on the live version of an existing index, with the encoder its manifest records (for writes that
+    embed nothing: deletes, metadata changes).
+
+    Raises:
+        IndexFormatError: there is no index (the message ends with ``why``).
+        IndexLockedError: another writer holds the index past ``lock_timeout_s`` (when the writer is entered).
+    """
+    index_dir = Path(index_dir)
+    current = read_current(index_dir) if index_dir.is_dir() else None
+    if current is None:
+        raise IndexFormatError(f"{index_dir} holds no index yet{why}")
+    manifest = read_manifest(index_dir / VERSIONS_DIR / current)
+    return IndexWriter(index_dir, manifest.encoder, manifest.weights, lock_timeout_s=lock_timeout_s)
+
+
 def delete_images(
     index_dir: Path | str,
     ids: list[int],
@@ -178,15 +194,10 @@ def delete_images(
         IndexFormatError: there is no index.
         IndexLockedError: another writer holds the index past ``lock_timeout_s``.
     """
-    index_dir = Path(index_dir)
-    current = read_current(index_dir) if index_dir.is_dir() else None
-    if current is None:
-        raise IndexFormatError(f"{index_dir} holds no index yet: nothing to delete")
-    manifest = read_manifest(index_dir / VERSIONS_DIR / current)
     report = DeleteReport()
     lock = uploads_lock(uploads_dir, lock_timeout_s) if uploads_dir is not None else contextlib.nullcontext()
     with lock:
-        with IndexWriter(index_dir, manifest.encoder, manifest.weights, lock_timeout_s=lock_timeout_s) as w:
+        with open_live_writer(index_dir, lock_timeout_s, ": nothing to delete") as w:
             wanted = sorted({int(i) for i in ids})
             report.deleted = [i for i in wanted if w.is_live(i)]
             report.missing = [i for i in wanted if not w.is_live(i)]

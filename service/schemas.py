@@ -50,18 +50,6 @@ class SearchResponse(BaseModel):
     timings_ms: Timings
 
 
-class ImageInfo(BaseModel):
-    """An indexed image's table row."""
-
-    id: int
-    path: str
-    sha256: str
-    width: int
-    height: int
-    bytes: int
-    mtime: float
-    metadata: dict = Field(default_factory=dict)
-    index_version: int
 
 
 class Health(BaseModel):
@@ -183,6 +171,12 @@ class ImageRow(BaseModel):
     bytes: int
     mtime: float
     metadata: dict = Field(default_factory=dict)
+
+
+class ImageInfo(ImageRow):
+    """An indexed image's table row, with the index version that answered."""
+
+    index_version: int
 
 
 class ImageList(BaseModel):
