@@ -206,3 +206,67 @@ def test_collection_picker_searches_the_chosen_collection(browser, lite0_index, 
             assert "/v1/collections/tools/images/" in page.get_attribute("#rImg", "src")
         finally:
             page.close()
+
+
+def _image_shown(page, selector: str) -> bool:
+    return page.evaluate(f"[...document.querySelectorAll({selector!r})].every(i => i.complete && i.naturalWidth > 0)")
+
+
+def test_api_key_field_when_the_server_requires_keys(browser, lite0_index, query_file, tmp_path):
+    """With keys required (the docker-compose default) the page asks for a key, says when one is refused, and with
+    a valid read key searches, shows the thumbnails (fetched with the header) and explains; the key is kept."""
+    from service.keys import create_key
+
+    keys = tmp_path / "keys.json"
+    key, _ = create_key(keys, "read", "browser test")
+    with _serve(["--index", str(lite0_index)], tmp_path / "serve.log", {"REGIS_API_KEYS_FILE": str(keys)}) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        try:
+            page.goto(url)
+            page.wait_for_selector("#error:not([hidden])")
+            assert "needs an API key" in page.text_content("#error")
+            assert page.locator("#apiKey").is_visible()
+            _screenshot(page.locator("main"), tmp_path / "key-needed.png")
+
+            # a search without a key is refused in the same words; nothing is shown
+            with page.expect_response(lambda r: "/v1/search" in r.url) as refused:
+                page.set_input_files("#file", str(query_file))
+            assert refused.value.status == 401
+            page.wait_for_selector("#error:not([hidden])")
+            assert "needs an API key" in page.text_content("#error")
+            assert page.locator("#results .tile").count() == 0
+
+            # an unknown key: refused, said so
+            page.fill("#apiKey", "regis_00000000_not-a-key")
+            page.press("#apiKey", "Enter")
+            page.wait_for_function("document.getElementById('error').textContent.includes('Key refused')")
+            assert page.locator("#results .tile").count() == 0
+
+            # the valid key: the pending query is searched; the cat first, thumbnails and the explanation load
+            page.fill("#apiKey", key)
+            with page.expect_response(lambda r: "/v1/search" in r.url) as accepted:
+                page.press("#apiKey", "Enter")
+            assert accepted.value.status == 200
+            page.wait_for_selector("#results .tile")
+            assert page.locator("#error").is_hidden()
+            assert _first_name(page) == "skimage-chelsea.png"
+            page.wait_for_function("[...document.querySelectorAll('#results .tile img')]"
+                                   ".every(i => i.complete && i.naturalWidth > 0)")
+            assert page.get_attribute("#results .tile img", "src").startswith("blob:")
+            _screenshot(page.locator("main"), tmp_path / "key-results.png")
+            page.locator("#results .tile button.why").first.click()
+            page.wait_for_selector("#detail[open]")
+            page.wait_for_function("document.getElementById('rImg').naturalWidth > 0")
+            assert page.locator("#rSvg rect.box").count() >= 1
+            page.click("#detailClose")
+
+            # kept in this browser: after a reload the page searches with it without asking again
+            page.reload()
+            page.wait_for_function("document.getElementById('status').textContent.includes('Index version')")
+            assert page.input_value("#apiKey") == key
+            page.set_input_files("#file", str(query_file))
+            page.wait_for_selector("#results .tile")
+            assert page.locator("#error").is_hidden()
+            assert _first_name(page) == "skimage-chelsea.png"
+        finally:
+            page.close()
