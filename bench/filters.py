@@ -12,6 +12,11 @@ Usage::
 
     nice -n 10 python -m bench.filters --index $REGIS_BENCH_DATA/idx/shared100k-100000-auto-float16 \\
         --queries-file $REGIS_BENCH_DATA/shared100k/q.npy --work /tmp/regis-bench-filters --threads 1
+
+or, from a ``bench.shared`` corpus folder (its index is built with regis's defaults under
+``$REGIS_BENCH_DATA/idx`` when absent, the one ``bench.candidates`` builds; queries from its ``q.npy``)::
+
+    python -m bench.filters --source $REGIS_BENCH_DATA/shared100k --threads 1
 """
 
 from __future__ import annotations
@@ -55,10 +60,23 @@ def prepare(src: Path, work: Path) -> Path:
     return index
 
 
+def index_of_source(source: Path) -> tuple[Path, Path]:
+    """(index, queries file) of a ``bench.shared`` corpus folder; builds the index (regis's defaults) if absent."""
+    from bench.data import DATA_DIR, build_index
+
+    info = json.loads((source / "info.json").read_text())
+    path = DATA_DIR / "idx" / f"{source.name}-{info['db']}-auto-float16"
+    if not (path / "CURRENT").exists():
+        db = np.memmap(source / "db.f16", dtype=np.float16, mode="r", shape=(info["db"], info["tokens"], info["dim"]))
+        print("built:", json.dumps({"index": str(path), **build_index(path, db)}), flush=True)
+    return path, source / "q.npy"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--index", type=Path, required=True, help="a 100k benchmark index (not modified)")
-    ap.add_argument("--queries-file", type=Path, required=True, help="(Q, m, D) float32 query tokens (.npy)")
+    ap.add_argument("--index", type=Path, help="a 100k benchmark index (not modified)")
+    ap.add_argument("--queries-file", type=Path, help="(Q, m, D) float32 query tokens (.npy)")
+    ap.add_argument("--source", type=Path, help="instead of --index/--queries-file: a bench.shared corpus folder")
     ap.add_argument("--work", type=Path, default=Path("/tmp/regis-bench-filters"))
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--exact", type=int, default=5, help="queries checked against exact scoring (filtered)")
@@ -66,6 +84,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--filters", default=",".join(FILTERS), help="which rows: none,1%%,50%%")
+    ap.add_argument("--candidates", default=None, help="candidate method (bounded, depth); default: the index's")
     args = ap.parse_args()
 
     import torch
@@ -78,12 +97,16 @@ def main() -> None:
     from regis.retrieve.query import QueryEngine
     from regis.retrieve.searcher import Searcher
 
+    if args.source:
+        args.index, args.queries_file = index_of_source(args.source)
+    elif not (args.index and args.queries_file):
+        ap.error("give --source, or --index and --queries-file")
     machine = print_machine({"threads": args.threads})
     index = prepare(args.index, args.work)
     q = np.load(args.queries_file)[: args.queries].astype(np.float32)
     snap = IndexSnapshot.open(index)
     engine = QueryEngine.__new__(QueryEngine)  # search_tokens needs only the searcher (no encoder)
-    engine.searcher = Searcher(snap, search_threads=1)
+    engine.searcher = Searcher(snap, search_threads=1, candidates=args.candidates)
     rows = []
     for label, where in FILTERS.items():
         if label not in args.filters.split(","):
@@ -98,11 +121,13 @@ def main() -> None:
             allowed = allowed_ids(snap, where)  # warm the per-version cache
         for query in q[:3]:  # warm-up
             engine.search_tokens(query, k=args.k, where=where)
-        times, ok = [], True
+        times, ok, scored, depths = [], True, [], set()
         for query in q:
             t0 = time.perf_counter()
             result = engine.search_tokens(query, k=args.k, where=where)
             times.append(time.perf_counter() - t0)
+            scored.append(result["num_candidates"])
+            depths.add(result["depth"])
             ids = [h["id"] for h in result["results"]]
             ok &= len(ids) == args.k
             if where is not None:
@@ -111,13 +136,15 @@ def main() -> None:
         if args.exact:
             pool = allowed if where is not None else snap.store.live_ids
             hits = 0
-            for query in q[: args.exact]:
+            checked = q[: args.exact]  # at most --queries of them
+            for query in checked:
                 want, _ = exact_over(engine.searcher, query, pool, args.k)
                 got = [h["id"] for h in engine.search_tokens(query, k=args.k, where=where)["results"]]
                 hits += len(set(got) & set(want.tolist()))
-            recall = hits / (args.k * args.exact)
+            recall = hits / (args.k * len(checked))
         stats = latency_stats(times)
-        row = {"filter": label, "allowed": n_allowed, "queries": len(q), **stats, "sql_cold_ms": cold_ms,
+        row = {"filter": label, "allowed": n_allowed, "queries": len(q), "candidates": engine.searcher.candidate_method,
+               "first_depth": sorted(depths), "scored_mean": float(np.mean(scored)), **stats, "sql_cold_ms": cold_ms,
                "k_results_all_pass": ok, f"recall@{args.k}_vs_exact_over_allowed": recall}
         rows.append(row)
         print(json.dumps(row))

@@ -152,3 +152,53 @@ def test_filtered_search_keeps_the_bound(tmp_path, corpus):
         assert len(np.intersect1d(old.ids, exact.ids)) < 5
     finally:
         snap.close()
+
+
+def test_filtered_depth_scales_with_the_kept_fraction():
+    from regis.retrieve.filtered import filtered_depth
+
+    assert filtered_depth(64, 50_000, 100_000) == 128  # a 50 % filter
+    assert filtered_depth(64, 33_334, 100_000) == 192
+    assert filtered_depth(64, 100_000, 100_000) == 64  # no filter
+    assert filtered_depth(64, 5_000, 100_000) == 1280
+    assert filtered_depth(64, 1_000, 100_000) == 4096  # capped at MAX_DEPTH
+    assert filtered_depth(64, 0, 100_000) == 64
+
+
+def test_a_50_percent_filter_scores_as_many_allowed_images_as_an_unfiltered_search(tmp_path):
+    """s1 and s2 are each held very closely by 8 filtered-out images and closely by 8 allowed ones (one token
+    each); 4 allowed images hold both, less closely: the exact filtered top-4. Depth 16 per query token reaches
+    only the first two groups, so a filter applied to depth-16 candidates ranks single holders; the depth scaled
+    by the kept fraction (x2) reaches the 4 (fixed-depth candidate method, no bounded range search)."""
+    from regis.retrieve.filtered import search_filtered
+
+    rng = np.random.default_rng(3)
+    n_random = 200
+    s1, s2 = _unit(rng.standard_normal((2, D)))
+    tokens = _unit(rng.standard_normal((36 + n_random, T, D)))
+    groups = {"out1": np.arange(0, 8), "out2": np.arange(8, 16), "in1": np.arange(16, 24), "in2": np.arange(24, 32),
+              "both": np.arange(32, 36)}
+    for name, pos, s, noise in (("out1", 0, s1, 0.005), ("out2", 1, s2, 0.005), ("in1", 0, s1, 0.03),
+                                ("in2", 1, s2, 0.03), ("both", 0, s1, 0.06), ("both", 1, s2, 0.06)):
+        tokens[groups[name], pos] = _unit(s + noise * rng.standard_normal((len(groups[name]), D)))
+    perm = rng.permutation(len(tokens))  # ids must not reveal the structure
+    inverse = np.argsort(perm)
+    tokens = tokens[perm]
+    rejected = np.concatenate([groups["out1"], groups["out2"], 36 + np.arange(0, n_random, 2)])
+    allowed = np.sort(np.setdiff1d(np.arange(len(tokens)), inverse[rejected]))
+    both = np.sort(inverse[groups["both"]])
+    write_index(tmp_path / "idx", tokens, depth=16, candidates="depth")
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    try:
+        searcher = Searcher(snap)
+        query = np.stack([s1, s2])
+        exact = search_filtered(searcher, query, allowed, k=4, mode="exact")
+        np.testing.assert_array_equal(np.sort(exact.ids), both)  # the case is what it claims to be
+        ann = search_filtered(searcher, query, allowed, k=4, exact_limit=0)
+        assert ann.depth == 32  # 16 / (118 allowed of 236)
+        np.testing.assert_array_equal(ann.ids, exact.ids)
+        # a first round of depth 16 (what the unscaled depth gave; here depth 8 scaled x2) misses all 4
+        shallow = search_filtered(searcher, query, allowed, k=4, exact_limit=0, depth=8)
+        assert shallow.depth == 16 and len(np.intersect1d(shallow.ids, both)) == 0
+    finally:
+        snap.close()

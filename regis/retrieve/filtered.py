@@ -5,14 +5,18 @@ snapshot never changes). Then:
 
 - a selective filter (at most ``exact_limit`` allowed images) is answered by exact MaxSim over the allowed
   set: k results whenever k images match, equal to exact scoring;
-- otherwise the ANN candidates are filtered before the rerank; when fewer than k of them pass, the candidate
-  depth is raised (x4 up to ``MAX_DEPTH``) and, if still short, the allowed set is scored exactly. So a filtered
+- otherwise the ANN candidates are filtered before the rerank. The first round's depth is the search's depth
+  divided by the fraction of images the filter keeps (``filtered_depth``: 128 for a 50 % filter at depth 64), so
+  about as many allowed images are scored as an unfiltered search scores images; without it a 50 % filter
+  scored half as many and lost recall (BENCHMARKS.md section 8). When fewer than k candidates pass, the depth
+  is raised (x4 up to ``MAX_DEPTH``) and, if still short, the allowed set is scored exactly. So a filtered
   search returns min(k, allowed) results. With the ``"bounded"`` candidate method (``regis.retrieve.candidates``)
   the saturated query tokens then get the same range search as an unfiltered search, its images filtered too.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -67,6 +71,27 @@ def exact_over(searcher: Searcher, query: np.ndarray, ids: np.ndarray, k: int,
     return best_ids, best_scores
 
 
+def filtered_depth(depth: int, n_allowed: int, n_live: int, limit: int = MAX_DEPTH) -> int:
+    """First-round candidate depth of a filtered ANN search: ``depth`` / (n_allowed / n_live), in [depth, limit].
+
+    The images owning a query token's d nearest token vectors pass a filter keeping a fraction f of the images in
+    about the proportion f, so depth / f neighbours give as many allowed candidates as an unfiltered search at
+    ``depth`` has candidates (BENCHMARKS.md section 8).
+
+    Args:
+        depth: the search's candidate depth k' (neighbours per query token).
+        n_allowed: live images the filter keeps (> 0).
+        n_live: live images of the snapshot.
+        limit: the largest depth returned (``MAX_DEPTH``).
+
+    Returns:
+        The scaled depth (int).
+    """
+    if n_allowed <= 0 or n_allowed >= n_live:
+        return depth
+    return int(min(max(limit, depth), math.ceil(depth * n_live / n_allowed)))
+
+
 def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, k: int = 10,
                     depth: int | None = None, mode: str = "ann", nprobe: int | None = None,
                     exact_limit: int = EXACT_LIMIT, candidates: str | None = None) -> SearchResult:
@@ -82,7 +107,8 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
         candidates: candidate method ("bounded" or "depth"); None: the searcher's.
 
     Returns:
-        A ``SearchResult`` of min(k, n) images; ``num_candidates`` counts the images scored.
+        A ``SearchResult`` of min(k, n) images; ``num_candidates`` counts the images scored; ``depth`` the
+        first-round depth used (``filtered_depth``, raised x4 while fewer than k candidates pass).
 
     Raises:
         ConfigError: bad shapes or parameters.
@@ -96,7 +122,7 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
         ids, scores = exact_over(searcher, query, allowed, k)
         return SearchResult(ids, scores, len(allowed), {"candidates": 0.0, "rerank": (time.perf_counter() - t0) * 1e3},
                             depth=None if mode == "exact" else depth)
-    d = depth
+    d = filtered_depth(depth, len(allowed), len(searcher.snapshot))
     while True:
         sims, token_ids = searcher._neighbours(query, d, nprobe, searcher.search_threads)
         cand = searcher._live_images(token_ids.reshape(-1))
