@@ -7,8 +7,9 @@ snapshot never changes). Then:
   set: k results whenever k images match, equal to exact scoring;
 - otherwise the ANN candidates are filtered before the rerank. The first round's depth is the search's depth
   divided by the fraction of images the filter keeps (``filtered_depth``: 128 for a 50 % filter at depth 64), so
-  about as many allowed images are scored as an unfiltered search scores images; without it a 50 % filter
-  scored half as many and lost recall (BENCHMARKS.md section 8). When fewer than k candidates pass, the depth
+  about as many allowed images are scored as an unfiltered search scores images (with the fixed-depth
+  candidate method a 50 % filter otherwise lost recall: 0.49 against 0.80 now, BENCHMARKS.md section 8; the
+  bounded method was exact either way and now needs fewer range-searched images). When fewer than k pass, the depth
   is raised (x4 up to ``MAX_DEPTH``) and, if still short, the allowed set is scored exactly. So a filtered
   search returns min(k, allowed) results. With the ``"bounded"`` candidate method (``regis.retrieve.candidates``)
   the saturated query tokens then get the same range search as an unfiltered search, its images filtered too.
