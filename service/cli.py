@@ -67,4 +67,5 @@ def serve(
 
         serve_ray(settings, host, port, str(weights) if weights else None)
         return
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+                timeout_keep_alive=settings.keep_alive_s)

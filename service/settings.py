@@ -35,6 +35,10 @@ class Settings(BaseSettings):
         torch_threads: torch intra-op threads (None: torch's default).
         max_concurrent_decodes: image decodes running at once (uploads and searches); the others wait, so the
             memory of decoding images at the pixel limit stays bounded.
+        keep_alive_s: how long ``regis serve`` keeps an idle HTTP/1.1 connection open, seconds (REGIS_KEEP_ALIVE_S;
+            uvicorn's ``timeout_keep_alive``). It must outlast the idle timeout of every client and proxy in front
+            (httpx 5 s, nginx upstream and load balancers 60 s): then the client always closes an idle connection
+            first and never sends a request into one the server is closing (issue 14, fault 11).
 
     Jobs, uploads and live updates (docs/DEPLOY.md):
         enable_jobs: accept index jobs, uploads and deletes, and start without an index (REGIS_ENABLE_JOBS).
@@ -82,6 +86,7 @@ class Settings(BaseSettings):
     max_depth: int = Field(default=1024, ge=1, le=4096)
     torch_threads: int | None = Field(default=None, ge=1)
     max_concurrent_decodes: int = Field(default=2, ge=1, le=64)
+    keep_alive_s: float = Field(default=75.0, ge=1, le=3600)
     # jobs, uploads and live updates
     enable_jobs: bool = False
     redis_url: RedisURL | None = None
