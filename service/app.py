@@ -58,9 +58,10 @@ def _start(app: FastAPI, settings: Settings) -> None:
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
         app.state.jobs = make_job_queue(settings, live)
-        clean_staging(settings, app.state.jobs)
     app.state.collections = CollectionRegistry(settings, live, app.state.jobs,
                                                on_swap=lambda name, version: on_swap(version))
+    if app.state.jobs is not None:
+        clean_staging(app.state.collections, app.state.jobs)
     if settings.redis_url and settings.cache_ttl_s > 0:
         from regis.jobs.cache import QueryCache
         from regis.jobs.rq_queue import redis_connection
@@ -75,8 +76,10 @@ def _start(app: FastAPI, settings: Settings) -> None:
                                      names.index_updates).start()
 
 
-def clean_staging(settings: Settings, queue) -> None:
-    """Remove staged uploads no job will place (an API killed between staging and queueing the job)."""
+def clean_staging(registry, queue) -> None:
+    """Remove staged uploads no job will place (an API killed between staging and queueing the job), in the
+    uploads folder of every collection (``registry``: ``CollectionRegistry``; ``queue``: the default collection's
+    job queue: the shared Redis queue knows every collection's jobs, and a fresh embedded queue knows none)."""
     from regis.indexes.staging import clean_orphaned_staging
     from regis.jobs.model import QueueUnavailableError
 
@@ -84,10 +87,15 @@ def clean_staging(settings: Settings, queue) -> None:
         info = queue.get(batch)
         return info.state if info is not None else None
 
-    try:
-        clean_orphaned_staging(settings.resolved_uploads_dir(), state, settings.staging_grace_s)
-    except QueueUnavailableError:
-        log.warning("the job queue cannot be reached: staged uploads are checked at the next start")
+    for name in registry.names():
+        try:
+            settings = registry.settings_for(name)
+            clean_orphaned_staging(settings.resolved_uploads_dir(), state, settings.staging_grace_s)
+        except QueueUnavailableError:
+            log.warning("the job queue cannot be reached: staged uploads are checked at the next start")
+            return
+        except Exception:  # one unreadable collection must not keep the service from starting
+            log.exception("cleaning the staged uploads of collection %s failed", name)
 
 
 def _stop(app: FastAPI) -> None:

@@ -12,6 +12,7 @@ import pytest
 from deploy.support import free_port, kill, regis_process, wait_until
 from PIL import Image
 
+from regis.indexes.collections import CollectionConfig, CollectionsRoot
 from regis.indexes.uploads import STAGING_DIR
 
 TINY_ENV = {"REGIS_BACKBONE": "vit-tiny-reg4-test", "REGIS_RANDOM_INIT": "true", "REGIS_ENABLE_JOBS": "true"}
@@ -23,9 +24,10 @@ def _png(color: str) -> bytes:
     return buf.getvalue()
 
 
-def _serve(tmp_path, env: dict, log_name: str):
+def _serve(tmp_path, env: dict, log_name: str, *extra: str):
     port = free_port()
-    args = ["serve", "--index", str(tmp_path / "index"), "--port", str(port), "--images-root", str(tmp_path / "root")]
+    args = ["serve", "--index", str(tmp_path / "index"), "--port", str(port), "--images-root", str(tmp_path / "root"),
+            *extra]
     proc = regis_process(args, {**TINY_ENV, **env}, tmp_path / log_name)
     url = f"http://127.0.0.1:{port}"
 
@@ -42,24 +44,34 @@ def _serve(tmp_path, env: dict, log_name: str):
 
 
 @pytest.mark.slow
-def test_an_api_killed_between_staging_and_queueing_leaves_nothing_after_restart(tmp_path):
+@pytest.mark.parametrize("collection", [None, "other"])  # the default collection, and a named one
+def test_an_api_killed_between_staging_and_queueing_leaves_nothing_after_restart(tmp_path, collection):
     (tmp_path / "root").mkdir()
     staging = tmp_path / "root" / ".uploads" / STAGING_DIR
-    proc, url = _serve(tmp_path, {"REGIS_CRASH_AT": "upload.staged"}, "api-1.log")
+    extra, prefix = (), ""
+    if collection is not None:
+        collections = CollectionsRoot(tmp_path / "collections")
+        collections.create(collection, CollectionConfig(backbone="vit-tiny-reg4-test", random_init=True))
+        staging = collections.path(collection) / "uploads" / STAGING_DIR
+        extra, prefix = ("--collections-root", str(collections.root)), f"/collections/{collection}"
+    proc, url = _serve(tmp_path, {"REGIS_CRASH_AT": "upload.staged"}, "api-1.log", *extra)
     try:
         with pytest.raises(httpx.HTTPError):  # the process dies inside the request
-            httpx.post(f"{url}/v1/images", files={"files": ("red.png", _png("red"))}, timeout=60)
+            httpx.post(f"{url}/v1{prefix}/images", files={"files": ("red.png", _png("red"))}, timeout=60)
         assert proc.wait(timeout=30) == -signal.SIGKILL
         assert len(list(staging.iterdir())) == 1  # the window: staged, never queued
     finally:
         kill(proc)
-    proc, url = _serve(tmp_path, {"REGIS_STAGING_GRACE_S": "0"}, "api-2.log")
+    proc, url = _serve(tmp_path, {"REGIS_STAGING_GRACE_S": "0"}, "api-2.log", *extra)
     try:
         assert list(staging.iterdir()) == []  # cleaned at start-up
-        r = httpx.post(f"{url}/v1/images", files={"files": ("red.png", _png("red"))}, timeout=60)
+        r = httpx.post(f"{url}/v1{prefix}/images", files={"files": ("red.png", _png("red"))}, timeout=60)
         assert r.status_code == 201 and r.json()["images"][0]["status"] == "added", r.text
         assert list(staging.iterdir()) == []
-        assert httpx.get(f"{url}/healthz").json()["images"] == 1  # no loss, no duplicate
+        if collection is None:
+            assert httpx.get(f"{url}/healthz").json()["images"] == 1  # no loss, no duplicate
+        else:
+            assert httpx.get(f"{url}/v1/collections/{collection}").json()["images"] == 1
     finally:
         kill(proc)
 
