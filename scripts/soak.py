@@ -6,7 +6,8 @@ At the end everything is restarted cleanly, the jobs are let finish, and the scr
 outcome, images lost (an upload answered 201, or 202 whose job finished, that the index does not hold; a delete
 answered 200 whose image is still there), duplicated (two live rows with the same bytes), orphaned (uploaded files
 no live row points at, staged batches whose job is unknown or finished), HTTP 500s, and the peak RSS and
-descriptors of the API and worker.
+descriptors of the API and worker. A request that fails without an HTTP answer while the API was up all along
+(``dropped_while_api_up``, issue 14 fault 11) fails the run too.
 
     python scripts/soak.py --minutes 3 --out soak.json
 
@@ -115,6 +116,19 @@ class Ledger:
         self.pending: dict[str, str] = {}  # job id -> sha256, answered 202
         self.deleted: set[int] = set()  # answered 200 deleted=true
         self.uncertain: set[str] = set()  # sha256 whose upload or delete got no answer
+        self.api_epoch = 0  # bumped when the chaos loop kills the API and when it is back
+        self.api_down = False
+
+    def api_window(self) -> tuple[int, bool]:
+        """(epoch, down) now: a transport error counts as 'API down' when the API was down, or killed or
+        restarted, at any moment of the request."""
+        with self.lock:
+            return self.api_epoch, self.api_down
+
+    def set_api_down(self, down: bool) -> None:
+        with self.lock:
+            self.api_down = down
+            self.api_epoch += 1
 
     def count(self, kind: str, outcome: str) -> None:
         with self.lock:
@@ -126,6 +140,7 @@ def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seed
     http = httpx.Client(base_url=url, timeout=30)
     rng = random.Random(hash(kind) & 0xFFFF)
     while not stop.is_set():
+        window = ledger.api_window()
         try:
             if kind == "search":
                 r = http.post("/v1/search", files={"file": ("q.png", rng.choice(queries))}, params={"k": 5})
@@ -167,7 +182,8 @@ def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seed
                 time.sleep(job_every)
             ledger.count(kind, str(r.status_code))
         except httpx.HTTPError as exc:
-            ledger.count(kind, type(exc).__name__)
+            up = window == ledger.api_window() and not window[1]
+            ledger.count(kind, type(exc).__name__ + ("" if up else " (API down)"))
             time.sleep(0.2)
     http.close()
 
@@ -261,6 +277,8 @@ def main() -> None:
             sample()
             time.sleep(0.5)
         victim = random.choice([redis, worker, api])
+        if victim is api:
+            ledger.set_api_down(True)
         victim.kill()
         kills[victim.name] += 1
         time.sleep(random.uniform(0.5, 3.0))
@@ -270,6 +288,7 @@ def main() -> None:
                 wait_http(url)
             except RuntimeError:
                 pass
+            ledger.set_api_down(False)
     stop.set()
     for t in threads:
         t.join(timeout=60)
@@ -325,6 +344,8 @@ def main() -> None:
         "minutes": args.minutes, "clients_per_kind": args.clients, "kills": dict(kills),
         "requests": dict(sorted(ledger.outcomes.items())),
         "http_500": sum(n for k, n in ledger.outcomes.items() if k.endswith(" 500")),
+        "dropped_while_api_up": sum(n for k, n in ledger.outcomes.items()
+                                    if not k.split(" ", 1)[1][0].isdigit() and not k.endswith("(API down)")),
         "uploads_acknowledged": len(ledger.present), "deletes_acknowledged": len(ledger.deleted),
         "images_live": len(rows), "lost": len(lost), "deleted_but_present": len(resurrected),
         "duplicated": len(duplicated), "orphaned_files": len(orphan_files), "orphaned_staging": len(orphan_staged),
@@ -337,7 +358,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
     if figures["lost"] or figures["duplicated"] or figures["orphaned_files"] or figures["orphaned_staging"] \
-            or figures["http_500"] or figures["deleted_but_present"]:
+            or figures["http_500"] or figures["deleted_but_present"] or figures["dropped_while_api_up"]:
         sys.exit(1)
     shutil.rmtree(work, ignore_errors=True)
 
