@@ -4,7 +4,8 @@ file as in docker-compose.yml), while Redis, the worker and the API are SIGKILLe
 
 At the end everything is restarted cleanly, the jobs are let finish, and the script prints: requests by kind and
 outcome, images lost (an upload answered 201, or 202 whose job finished, that the index does not hold; a delete
-answered 200 whose image is still there), duplicated (two live rows with the same bytes), orphaned (uploaded files
+answered 200 whose image is still there; a delete answered 404 that no earlier unanswered delete of the same image
+explains), duplicated (two live rows with the same bytes), orphaned (uploaded files
 no live row points at, staged batches whose job is unknown or finished), HTTP 500s, and the peak RSS and
 descriptors of the API and worker. A request that fails without an HTTP answer while the API was up all along
 (``dropped_while_api_up``, issue 14 fault 11) fails the run too.
@@ -116,6 +117,9 @@ class Ledger:
         self.pending: dict[str, str] = {}  # job id -> sha256, answered 202
         self.deleted: set[int] = set()  # answered 200 deleted=true
         self.uncertain: set[str] = set()  # sha256 whose upload or delete got no answer
+        self.delete_unanswered: set[int] = set()  # ids whose delete got no answer, a 5xx or a 202
+        self.delete_jobs: dict[str, int] = {}  # job id -> image id, delete answered 202
+        self.missing: set[int] = set()  # acknowledged images a delete found gone (a loss)
         self.api_epoch = 0  # bumped when the chaos loop kills the API and when it is back
         self.api_down = False
 
@@ -141,6 +145,7 @@ def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seed
     rng = random.Random(hash(kind) & 0xFFFF)
     while not stop.is_set():
         window = ledger.api_window()
+        status = None
         try:
             if kind == "search":
                 r = http.post("/v1/search", files={"file": ("q.png", rng.choice(queries))}, params={"k": 5})
@@ -164,23 +169,38 @@ def client_loop(kind: str, url: str, ledger: Ledger, stop: threading.Event, seed
                         ledger.uncertain.discard(sha)
             elif kind == "delete":
                 with ledger.lock:
-                    candidates = [(s, i) for s, i in ledger.present.items() if i not in ledger.deleted]
+                    candidates = [(s, i) for s, i in ledger.present.items()
+                                  if i not in ledger.deleted and i not in ledger.missing]
                 if len(candidates) < 5:
                     time.sleep(0.2)
                     continue
                 sha, image_id = rng.choice(candidates)
                 with ledger.lock:
                     ledger.uncertain.add(sha)
+                    earlier = image_id in ledger.delete_unanswered  # an earlier delete got no definite answer
+                    ledger.delete_unanswered.add(image_id)
                 r = http.delete(f"/v1/images/{image_id}")
                 with ledger.lock:
-                    if r.status_code == 200 and r.json()["deleted"]:
-                        ledger.deleted.add(image_id)
-                    if r.status_code in (200, 404) or (r.status_code < 500 and r.status_code != 202):
+                    if r.status_code == 200:
+                        if r.json()["deleted"]:
+                            ledger.deleted.add(image_id)
+                        ledger.delete_unanswered.discard(image_id)
                         ledger.uncertain.discard(sha)
+                    elif r.status_code == 202:
+                        ledger.delete_jobs[r.json()["job_id"]] = image_id
+                    elif r.status_code == 404 and earlier:  # that earlier delete ran after all
+                        ledger.deleted.add(image_id)
+                        ledger.uncertain.discard(sha)
+                        status = "404 (an earlier unanswered delete ran)"
+                    elif r.status_code < 500 and not earlier:  # a definite answer (a plain 404 is a loss)
+                        ledger.delete_unanswered.discard(image_id)
+                        ledger.uncertain.discard(sha)
+                        if r.status_code == 404:
+                            ledger.missing.add(image_id)  # not picked again; the reconciliation counts it lost
             else:  # an index job over the photos folder (incremental: usually nothing to do)
                 r = http.post("/v1/jobs/index", json={"folder": "photos"})
                 time.sleep(job_every)
-            ledger.count(kind, str(r.status_code))
+            ledger.count(kind, status or str(r.status_code))
         except httpx.HTTPError as exc:
             up = window == ledger.api_window() and not window[1]
             ledger.count(kind, type(exc).__name__ + ("" if up else " (API down)"))
@@ -308,6 +328,10 @@ def main() -> None:
         info = http.get(f"/v1/jobs/{job_id}").json()
         if info.get("state") == "done":
             ledger.present[sha] = next(im["id"] for im in info["result"]["images"])
+    for job_id, image_id in list(ledger.delete_jobs.items()):
+        info = http.get(f"/v1/jobs/{job_id}").json()
+        if info.get("state") == "done" and image_id in info["result"].get("deleted", []):
+            ledger.deleted.add(image_id)
     http.close()
     api.stop()
     worker.stop()
@@ -324,6 +348,7 @@ def main() -> None:
             if i not in ledger.deleted and sha not in ledger.uncertain and live_sha[sha] == 0]
     resurrected = [i for i in ledger.deleted if i in live_ids]
     duplicated = [sha for sha, n in live_sha.items() if n > 1]
+    unanswered_live = [r for r in rows if r.path.startswith(".uploads/") and r.sha256 not in ledger.present]
     uploads_dir = root / ".uploads"
     referenced = {upload_file(uploads_dir, r.path) for r in rows if r.path.startswith(".uploads/")}
     stored = {p for p in uploads_dir.glob("??/*") if p.is_file()}
@@ -348,7 +373,8 @@ def main() -> None:
                                     if not k.split(" ", 1)[1][0].isdigit() and not k.endswith("(API down)")),
         "uploads_acknowledged": len(ledger.present), "deletes_acknowledged": len(ledger.deleted),
         "images_live": len(rows), "lost": len(lost), "deleted_but_present": len(resurrected),
-        "duplicated": len(duplicated), "orphaned_files": len(orphan_files), "orphaned_staging": len(orphan_staged),
+        "duplicated": len(duplicated), "uploads_live_without_2xx": len(unanswered_live),
+        "orphaned_files": len(orphan_files), "orphaned_staging": len(orphan_staged),
         "staged_for_queued_jobs": staged_pending,
         "peak_api_rss_mb": round(peak["api_rss"] / 2**20), "peak_api_fds": peak["api_fds"],
         "peak_worker_rss_mb": round(peak["worker_rss"] / 2**20), "peak_worker_fds": peak["worker_fds"],
