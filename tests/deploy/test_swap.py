@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import redis
 
 from conftest import build
@@ -79,6 +80,7 @@ def _post_search(conn: http.client.HTTPConnection, data: bytes) -> tuple[int, di
     return response.status, json.loads(response.read())
 
 
+@pytest.mark.slow  # a regis serve subprocess
 def test_keep_alive_connection_idle_past_the_client_expiry_survives_a_redis_swap(
         tmp_path, images_root, tiny_encoder, redis_url, prefix):
     """Issue 14, fault 11: in Redis mode searches across swaps were dropped without a response. The API closed

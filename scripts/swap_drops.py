@@ -1,0 +1,104 @@
+"""Searches across index swaps in Redis mode (issue 14, fault 11), not in CI.
+
+Runs the topology as processes (a redis-server of its own on a free loopback port, ``regis serve``, ``regis
+worker``, the tiny random test encoder), then ``--rounds`` rounds of ``--concurrency`` concurrent searches
+through one httpx client with its defaults (keep-alive expiry 5 s); after each round it uploads an image (a job:
+the worker writes a new version, pub/sub tells the API to swap) and idles for a time drawn from
+[``--idle`` - 0.4, ``--idle`` + 0.1] seconds, so the client's pooled connections are reused at about that age.
+Prints the searches by outcome (a transport error is a search dropped without a response) and exits 1 if any
+search got no 200.
+
+    python scripts/swap_drops.py --rounds 20 --idle 5
+
+Before REGIS_KEEP_ALIVE_S (uvicorn closed idle connections after 5 s, as httpx expires them), a run of this
+shape dropped 3 of 800 searches with a connection reset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from soak import REPO, Proc, free_port, png, wait_http
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--concurrency", type=int, default=40, help="searches per round, all at once")
+    parser.add_argument("--idle", type=float, default=5.0, help="seconds between rounds, about")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        sys.exit("redis-server is not installed")
+    work = Path(tempfile.mkdtemp(prefix="regis-swap-drops-"))
+    root, index = work / "images", work / "index"
+    from regis.data.sample_photos import collect_sample_photos
+
+    collect_sample_photos(root / "photos")
+    redis_port, api_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "REGIS_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "REGIS_REDIS_PREFIX": "drops",
+           "REGIS_INDEX_DIR": str(index), "REGIS_IMAGES_ROOT": str(root), "REGIS_BACKBONE": "vit-tiny-reg4-test",
+           "REGIS_RANDOM_INIT": "true", "REGIS_ENABLE_JOBS": "true", "REGIS_WRITE_WAIT_S": "0",
+           "REGIS_BUILD_WORKERS": "0", "REGIS_TORCH_THREADS": "1"}
+    procs = [Proc("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--dir", str(work)], env, work / "redis.log"),
+             Proc("worker", [sys.executable, "-m", "regis", "worker", "--log-level", "warning"], env,
+                  work / "worker.log"),
+             Proc("api", [sys.executable, "-m", "regis", "serve", "--port", str(api_port), "--log-level", "warning"],
+                  env, work / "api.log")]
+    url = f"http://127.0.0.1:{api_port}"
+    outcomes: collections.Counter = collections.Counter()
+    try:
+        for p in procs:
+            p.start()
+            time.sleep(0.3)
+        wait_http(url)
+        probe = httpx.Client(base_url=url, timeout=30)
+        probe.post("/v1/jobs/index", json={"folder": "photos"})
+        deadline = time.monotonic() + 300
+        while probe.get("/healthz").json()["index_version"] is None and time.monotonic() < deadline:
+            time.sleep(0.3)
+        first = probe.get("/healthz").json()["index_version"]
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        client = httpx.Client(base_url=url, limits=limits)  # httpx defaults otherwise: 5 s keep-alive expiry
+
+        def search(seed: int) -> str:
+            try:
+                return str(client.post("/v1/search", files={"file": ("q.png", png(seed))}, params={"k": 5})
+                           .status_code)
+            except httpx.TransportError as exc:
+                return type(exc).__name__
+
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            for n in range(args.rounds):
+                seeds = range(n * args.concurrency, (n + 1) * args.concurrency)
+                outcomes.update(pool.map(search, seeds))
+                t0 = time.monotonic()
+                probe.post("/v1/images", files={"files": (f"{n}.png", png(10**6 + n))})
+                pause = rng.uniform(args.idle - 0.4, args.idle + 0.1)
+                time.sleep(max(0.0, pause - (time.monotonic() - t0)))
+        last = probe.get("/healthz").json()["index_version"]
+        print(f"searches by outcome: {dict(outcomes)}; index versions {first} -> {last}")
+    finally:
+        for p in reversed(procs):
+            p.kill()
+    shutil.rmtree(work, ignore_errors=True)
+    if set(outcomes) - {"200"}:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
