@@ -63,6 +63,30 @@ def test_batch_search_equals_one_by_one(client, photos_dir):
     assert bad.status_code == 400 and "image 2" in bad.json()["error"]["message"]
 
 
+def test_batch_search_explains_each_query_as_a_single_search_does(client, photos_dir):
+    datas = [(photos_dir / n).read_bytes() for n in NAMES[:2]]
+    r = client.post("/v1/search/batch", files=[("files", (f"q{i}", d)) for i, d in enumerate(datas)],
+                    params={"k": 3, "explain": "true"})
+    assert r.status_code == 200, r.text
+    batch = r.json()["results"]
+    assert len(batch) == 2
+    for data, got in zip(datas, batch, strict=True):
+        alone = client.post("/v1/search", files={"file": ("q", data)}, params={"k": 3, "explain": "true"}).json()
+        assert got["query"] == alone["query"] and len(got["query"]["tokens"]) == 10
+        assert _ids_scores(got)[0] == _ids_scores(alone)[0]
+        assert _ids_scores(got)[1] == pytest.approx(_ids_scores(alone)[1], abs=1e-4)
+        for g, a in zip(got["results"], alone["results"], strict=True):
+            def pairs(hit):
+                return [(m["query_token"], m["result_token"], m["result_box"]) for m in hit["explanation"]["matches"]]
+            assert pairs(g) == pairs(a)
+            assert g["explanation"]["score"] == pytest.approx(g["score"], abs=1e-4)
+    plain = client.post("/v1/search/batch", files=[("files", ("q0", datas[0]))], params={"k": 3}).json()
+    assert plain["results"][0].get("query") is None
+    bad = client.post("/v1/search/batch", files=[("files", ("a", datas[0])), ("files", ("b", b"not an image"))],
+                      params={"explain": "true"})
+    assert bad.status_code == 400 and "image 2" in bad.json()["error"]["message"]
+
+
 def test_offset_threshold_and_filter_on_search(client, photos_dir):
     data = (photos_dir / "skimage-coffee.png").read_bytes()
     full = _search(client, data, k=10, mode="exact")

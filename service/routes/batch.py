@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
+from starlette.concurrency import run_in_threadpool
 
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings, search_extras
@@ -28,9 +29,13 @@ async def search_batch(
     k: Annotated[int | None, Query(ge=1, le=1000, description="results per query")] = None,
     depth: Annotated[int | None, Query(ge=1, le=4096, description="candidates per query token (k')")] = None,
     mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
+    explain: Annotated[bool, Query(description="add each result's explanation and each query's tokens, as "
+                                               "POST /search?explain=true (the images are then searched one by one)")]
+    = False,
 ) -> dict:
     """Rank the indexed images for each uploaded image: one encoder pass and one batched candidate search for
-    all of them (the same results as one request per image). At most REGIS_MAX_UPLOAD_FILES images."""
+    all of them (the same results as one request per image). At most REGIS_MAX_UPLOAD_FILES images. With
+    ``explain=true`` each image is searched and explained as by ``POST /search?explain=true``."""
     k = k or settings.default_k
     depth = depth or settings.default_depth
     if k > settings.max_k:
@@ -40,5 +45,30 @@ async def search_batch(
     if len(files) > settings.max_upload_files:
         raise APIError(413, "too_many_files", f"at most {settings.max_upload_files} query images per request")
     images = [await read_upload(f, settings.max_upload_bytes) for f in files]
+    if explain:
+        results = await run_in_threadpool(_explained_one_by_one, engine, images, k=k, depth=depth, mode=mode,
+                                          **extras)
+        for r in results:
+            request.app.state.metrics.observe_search(r["timings_ms"])
+        return {"results": results}
     results = await run_search_batch(request, engine, images, k=k, depth=depth, mode=mode, **extras)
     return {"results": results}
+
+
+def _explained_one_by_one(engine: QueryEngine, images: list[bytes], **params) -> list[dict]:
+    """``regis.retrieve.explain.search_explained`` of each image in turn (each explanation needs its query's own
+    buddy patches, which the batched encoder pass does not keep).
+
+    Raises:
+        ImageDecodeError: an image does not decode (the message names it: "image 2: ...").
+    """
+    from regis.errors import ImageDecodeError
+    from regis.retrieve.explain import search_explained
+
+    results = []
+    for n, data in enumerate(images):
+        try:
+            results.append(search_explained(engine, data, **params))
+        except ImageDecodeError as exc:
+            raise ImageDecodeError(f"image {n + 1}: {exc}") from None
+    return results
