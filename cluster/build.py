@@ -1,16 +1,18 @@
 """``regis index build --ray``: a Ray Data pipeline from a folder to a sharded collection.
 
 1. Plan (driver): scan the folder, compare it with what the shards hold (``ShardedWriter.records_by_path``), and
-   hand out global ids to new files in scan order, exactly as ``indexer.build.build_index`` does for one index
-   (so a fresh build gives every image the id a single-machine build gives it). Changed files keep their id;
-   deleted ones are removed.
+   hand out global ids to new files in scan order with the single-machine build's own planning
+   (``indexer.build.plan_build``), so a fresh build gives every image the id a single-machine build gives it.
+   Changed files keep their id; deleted ones are removed at the end (``indexer.build.finish_plan``).
 2. Embed (Ray Data, in chunks of ``build_checkpoint_images``): ``from_items`` -> ``map_batches(decode)`` as CPU
    tasks (read, SHA-256, decode, transform: ``indexer.dataset.ImageFileDataset``) -> ``map_batches(Encode)`` in
    an actor pool (``build_encoder_actors`` actors, GPU when ``encoder_num_gpus`` > 0, ``build_batch_size``
    images per batch); the output order is preserved.
-3. Write (driver): the token batches go to the shard writers as they stream in; at the end of each chunk every
-   shard commits (a checkpoint). A killed build leaves each shard on a complete version; the next run plans from
-   what the shards hold, so it embeds only what is missing, under the same ids: no duplicates, no losses.
+3. Write (driver): the token batches (and buddy patches) go to the shard writers as they stream in, with the
+   single-machine build's table rows (``indexer.build.image_record``: user metadata, path facts, EXIF); at the
+   end of each chunk every shard commits (a checkpoint). A killed build leaves each shard on a complete
+   version; the next run plans from what the shards hold, so it embeds only what is missing, under the same
+   ids: no duplicates, no losses.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from cluster.settings import RaySettings
+from indexer.build import finish_plan
 from regis.errors import ConfigError
 from regis.images.decode import DEFAULT_MAX_PIXELS
-from regis.indexes.table import ImageRecord
 from regis.models.encoder import RegisEncoder
 from regis.sharding.layout import read_layout
 from regis.sharding.write import ShardedWriter
@@ -63,8 +65,8 @@ def decode_batch(batch: dict, config_json: str, max_pixels: int, draft: bool) ->
         batch: {"abspath": (n,) str, ...} (other columns are passed through).
 
     Returns:
-        The batch plus "ok" (n,) bool, "error" (n,) str, "sha256", "width", "height", "bytes", and "pixels"
-        (n, 3, H, W) float32 (zeros where decoding failed).
+        The batch plus "ok" (n,) bool, "error" (n,) str, "sha256", "width", "height", "bytes", "exif" (JSON),
+        and "pixels" (n, 3, H, W) float32 (zeros where decoding failed).
     """
     from indexer.dataset import ImageFileDataset
     from regis.models.encoder import EncoderConfig
@@ -86,6 +88,7 @@ def decode_batch(batch: dict, config_json: str, max_pixels: int, draft: bool) ->
         "width": np.array([it["width"] for it in items], dtype=np.int64),
         "height": np.array([it["height"] for it in items], dtype=np.int64),
         "bytes": np.array([it["bytes"] for it in items], dtype=np.int64),
+        "exif": np.array([json.dumps(it.get("exif") or {}) for it in items], dtype=object),
         "pixels": pixels,
     })
     return out
@@ -108,41 +111,39 @@ class Encode:
         self.T, self.D = self.encoder.config.tokens_per_image, self.encoder.config.dim
 
     def __call__(self, batch: dict) -> dict:
-        """Adds "tokens" (n, T, D) float32 (zeros where decoding failed) and drops "pixels"."""
+        """Adds "tokens" (n, T, D) float32, "buddies" (n, R + 1) int64 and "grid" (n, 2) int64 (zeros where
+        decoding failed: ``RegisEncoder.encode_with_buddies``, as the single-machine build) and drops "pixels"."""
         import torch
 
         ok = np.asarray(batch["ok"], dtype=bool)
         tokens = np.zeros((len(ok), self.T, self.D), dtype=np.float32)
+        buddies = np.zeros((len(ok), self.encoder.config.num_registers + 1), dtype=np.int64)
+        grid = np.zeros((len(ok), 2), dtype=np.int64)
         if ok.any():
-            tokens[ok] = self.encoder.encode(torch.from_numpy(np.ascontiguousarray(batch["pixels"][ok]))
-                                             ).float().cpu().numpy()
+            t, b, g = self.encoder.encode_with_buddies(torch.from_numpy(np.ascontiguousarray(batch["pixels"][ok])))
+            tokens[ok], buddies[ok], grid[ok] = t.float().cpu().numpy(), b.cpu().numpy(), (int(g[0]), int(g[1]))
         out = {k: v for k, v in batch.items() if k != "pixels"}
-        out["tokens"] = tokens
+        out.update(tokens=tokens, buddies=buddies, grid=grid)
         return out
 
 
-def _plan(writer: ShardedWriter, root: Path, collection: Path, report: RayBuildReport) -> tuple[list, list]:
-    """Jobs (dicts with gid, path, abspath, mtime, metadata, new) of new and changed files; applies deletes and
-    touched rows to the writer."""
-    from indexer.build import _split_modified
-    from indexer.scan import plan_changes, scan_folder
+def _plan(writer: ShardedWriter, root: Path, collection: Path, report: RayBuildReport):
+    """``indexer.build.plan_build`` over the shards' rows (the single-machine build's id planning): the plan,
+    the rows it compared with, and the jobs as Ray Data items (gid, path, abspath, bytes, mtime, metadata JSON,
+    new)."""
+    from indexer.build import plan_build
+    from indexer.scan import scan_folder
     from regis.indexes.uploads import is_upload_path
 
     entries = scan_folder(root, exclude=(collection,))
-    existing = {p: r for p, r in writer.records_by_path().items() if not is_upload_path(p)}
-    plan = plan_changes(entries, existing)
-    changed, touched = _split_modified(plan.modified)
-    new_ids = writer.allocate_ids(len(plan.new))
-    jobs = [{"gid": int(i), "path": e.path, "abspath": str(e.abspath), "mtime": float(e.mtime), "metadata": "{}",
-             "new": True} for e, i in zip(plan.new, new_ids, strict=True)]
-    jobs += [{"gid": rec.id, "path": e.path, "abspath": str(e.abspath), "mtime": float(e.mtime),
-              "metadata": json.dumps(rec.metadata), "new": False} for e, rec in changed]
-    writer.delete([rec.id for rec in plan.deleted])
-    writer.update_records(touched)
+    managed = {p: r for p, r in writer.records_by_path().items() if not is_upload_path(p)}
+    bp = plan_build(writer, entries, managed)
+    jobs = [{"gid": int(i), "path": e.path, "abspath": str(e.abspath), "size": int(e.bytes), "mtime": float(e.mtime),
+             "metadata": json.dumps(meta), "new": n < bp.num_new} for n, (e, i, meta) in enumerate(bp.jobs)]
     report.scanned = len(entries)
-    report.unchanged = len(plan.unchanged) + len(touched)
-    report.deleted = len(plan.deleted)
-    return jobs, [rec.id for _, rec in changed]
+    report.unchanged = len(bp.plan.unchanged) + len(bp.touched)
+    report.deleted = len(bp.plan.deleted)
+    return bp, managed, jobs
 
 
 def _embed_chunk(jobs: list[dict], encoder: RegisEncoder, settings: RaySettings, weights: str | None,
@@ -221,7 +222,7 @@ def build_ray(
     report = RayBuildReport(images_root=str(root), collection=str(collection), num_shards=num_shards)
     writer = ShardedWriter(collection, num_shards, encoder.config, encoder.weights_info, **kwargs)
     try:
-        jobs, changed_ids = _plan(writer, root, collection, report)
+        bp, managed, jobs = _plan(writer, root, collection, report)
         report.scan_s = time.perf_counter() - t_total
         failed: set[int] = set()
         done = 0
@@ -236,7 +237,8 @@ def build_ray(
                 done += len(batch["gid"])
                 if on_event:
                     on_event({"event": "batch", "done": done})
-            writer.delete([i for i in changed_ids if i in failed])  # a changed file that no longer decodes
+            if start + step >= len(jobs):  # the last chunk: deletions, touched rows, metadata changes
+                finish_plan(writer, bp, managed, failed)
             new_gids = [j["gid"] for j in jobs[: start + step] if j["new"]]
             committed_next = max([committed_next, *(g + 1 for g in new_gids)])
             writer.commit(report.to_json(), next_id=committed_next)
@@ -259,12 +261,23 @@ def build_ray(
 
 
 def _write_batch(writer: ShardedWriter, batch: dict, report: RayBuildReport, failed: set[int]) -> None:
+    """Put a batch's embedded files in the shards, with the single-machine build's rows
+    (``indexer.build.image_record``); files that did not decode are reported and their ids kept in ``failed``."""
+    from indexer.build import image_record
+    from indexer.scan import FileEntry
+
     ok = np.asarray(batch["ok"], dtype=bool)
     for i in np.flatnonzero(~ok):
         report.skipped.append({"path": str(batch["path"][i]), "reason": str(batch["error"][i])})
         failed.add(int(batch["gid"][i]))
     rows = np.flatnonzero(ok)
-    records = [ImageRecord(int(batch["gid"][i]), str(batch["path"][i]), str(batch["sha256"][i]),
-                           int(batch["width"][i]), int(batch["height"][i]), int(batch["bytes"][i]),
-                           float(batch["mtime"][i]), json.loads(str(batch["metadata"][i]))) for i in rows]
-    writer.put(records, np.asarray(batch["tokens"], dtype=np.float32)[rows])
+    records = [image_record(FileEntry(str(batch["path"][i]), Path(str(batch["abspath"][i])), int(batch["size"][i]),
+                                      float(batch["mtime"][i])),
+                            int(batch["gid"][i]), json.loads(str(batch["metadata"][i])),
+                            {"sha256": str(batch["sha256"][i]), "width": int(batch["width"][i]),
+                             "height": int(batch["height"][i]), "bytes": int(batch["bytes"][i]),
+                             "exif": json.loads(str(batch["exif"][i]))})
+               for i in rows]
+    grid = tuple(int(v) for v in batch["grid"][rows[0]]) if len(rows) else None
+    writer.put(records, np.asarray(batch["tokens"], dtype=np.float32)[rows],
+               buddies=np.asarray(batch["buddies"])[rows] if len(rows) else None, grid=grid)

@@ -1,5 +1,9 @@
 """A local Ray cluster (``ray start --head`` plus worker nodes on this machine) with bounded resources, for tests,
-benchmarks and trying ``--ray`` on a laptop. Always stopped with ``ray stop --force``.
+benchmarks and trying ``--ray`` on a laptop.
+
+Each node is a ``ray start --block`` process in a session of its own, with the cluster's own temporary folder
+(so it never becomes the machine's "auto" cluster); ``stop`` ends exactly those process groups (SIGTERM, then
+SIGKILL for what is left), never other Ray processes of the machine (no ``ray stop``).
 
 Usage::
 
@@ -12,9 +16,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from regis.errors import ConfigError
@@ -34,6 +41,12 @@ def _ray_cli() -> str:
     return found
 
 
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 class LocalRayCluster:
     """A head node and ``workers`` worker nodes on 127.0.0.1.
 
@@ -42,7 +55,7 @@ class LocalRayCluster:
         workers: worker nodes besides the head.
         object_store_bytes: object store per node, bytes.
         env: environment of the nodes (default: this process's; workers inherit it, e.g. PYTHONPATH).
-        timeout_s: how long each ``ray start`` may take, seconds.
+        timeout_s: how long each node may take to start, seconds.
     """
 
     def __init__(self, head_cpus: float = 1, worker_cpus: float = 1, workers: int = 1,
@@ -51,40 +64,86 @@ class LocalRayCluster:
         self.object_store_bytes = object_store_bytes
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        self.env.pop("RAY_ADDRESS", None)
         self.timeout_s = timeout_s
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.temp_dir: str | None = None
+        self.nodes: list[subprocess.Popen] = []
 
-    def _run(self, *args: str) -> None:
-        done = subprocess.run([_ray_cli(), *args], env=self.env, timeout=self.timeout_s, capture_output=True,
-                              text=True)
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
-            raise RuntimeError(f"`ray {' '.join(args[:2])}` failed (exit {done.returncode}): " + " | ".join(tail))
+    def _node(self, *args: str) -> subprocess.Popen:
+        log = open(Path(self.temp_dir) / f"node-{len(self.nodes)}.log", "wb")  # noqa: SIM115 (kept by the process)
+        proc = subprocess.Popen([_ray_cli(), "start", "--block", "--node-ip-address", "127.0.0.1",
+                                 "--num-gpus", "0", "--object-store-memory", str(self.object_store_bytes),
+                                 "--disable-usage-stats", *args],
+                                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.nodes.append(proc)
+        return proc
+
+    def _wait(self, proc: subprocess.Popen, ready, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not ready():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log = Path(self.temp_dir) / f"node-{self.nodes.index(proc)}.log"
+                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+                raise RuntimeError(f"{what} did not start (exit {proc.poll()}): {tail}")
+            time.sleep(0.5)
 
     def start(self) -> LocalRayCluster:
-        """Start the head, then the workers.
+        """Start the head, then the workers; returns once every node has joined (checked from the head's GCS
+        with ``ray status``).
 
         Raises:
-            RuntimeError / subprocess.TimeoutExpired: a node did not start (the cluster is stopped).
+            RuntimeError: a node did not start in ``timeout_s`` (the cluster is stopped; the message has the tail
+                of its log).
         """
-        common = ["--object-store-memory", str(self.object_store_bytes), "--disable-usage-stats"]
+        self.temp_dir = tempfile.mkdtemp(prefix="regis-ray-")  # short: Ray's socket paths must stay < 108 bytes
         try:
-            self._run("start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
-                      "--num-cpus", str(self.head_cpus), "--num-gpus", "0", "--include-dashboard", "false",
-                      *common)
-            for _ in range(self.workers):
-                self._run("start", "--address", self.address, "--node-ip-address", "127.0.0.1",
-                          "--num-cpus", str(self.worker_cpus), "--num-gpus", "0", *common)
+            head = self._node("--head", "--port", str(self.port), "--num-cpus", str(self.head_cpus),
+                              "--include-dashboard", "false", "--temp-dir", self.temp_dir)
+            self._wait(head, lambda: _port_open(self.port), "the Ray head node")
+            for i in range(self.workers):
+                worker = self._node("--address", self.address, "--num-cpus", str(self.worker_cpus))
+                self._wait(worker, lambda n=i + 2: self._joined(n), f"Ray worker node {i + 1}")
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _joined(self, n: int) -> bool:
+        """Whether ``n`` nodes are alive (``ray status`` against this cluster)."""
+        done = subprocess.run([_ray_cli(), "status", "--address", self.address], env=self.env,
+                              capture_output=True, text=True, timeout=60)
+        return done.returncode == 0 and done.stdout.count("node_") >= n
+
     def stop(self) -> None:
-        """``ray stop --force``: every Ray process of this machine's nodes."""
-        subprocess.run([_ray_cli(), "stop", "--force"], env=self.env, timeout=self.timeout_s,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        """End this cluster's node process groups (SIGTERM, 10 s, then SIGKILL) and remove its temporary folder."""
+        for proc in reversed(self.nodes):
+            self._signal(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.nodes:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.nodes:
+            self._signal(proc, signal.SIGKILL)  # the node's children (raylet, GCS, workers) share its group
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.nodes = []
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)  # the group this cluster started (start_new_session), by its id
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def __enter__(self) -> LocalRayCluster:
         return self.start()

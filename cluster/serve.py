@@ -4,43 +4,54 @@ Deployments:
 
 - ``Encoder``: the collection's encoder; ``@serve.batch`` groups concurrent queries into one forward pass (CUDA
   in bf16 when the replica has a GPU). Replicas: ``REGIS_RAY_ENCODER_REPLICAS``.
-- ``Shard`` (one deployment per shard, ``shard-000`` ...): the shard's live index version (a new version is
-  swapped in when the shard's CURRENT changes); ``@serve.batch`` runs concurrent queries with the same
-  parameters as one batched search. Replicas: ``REGIS_RAY_SHARD_REPLICAS``.
-- ``Ingress``: the REST API of ``regis serve`` (POST /v1/search with the same parameters and JSON errors,
-  /healthz, /readyz): decodes the upload, encodes it once, fans the query tokens out to every shard and merges
-  their exact MaxSim top-k (``regis.sharding.search.merge_top_k``). A shard that fails or does not answer
-  within ``REGIS_RAY_SHARD_TIMEOUT_S`` makes the query a 503 ``shards_unavailable`` (default), or, with
+- ``Shard`` (one deployment per shard, ``shard-000`` ...): the shard's live index version
+  (``regis.sharding.engine.LiveShard``: a new version is swapped in when the shard's CURRENT changes);
+  ``@serve.batch`` runs concurrent queries with the same parameters as one batched search. Replicas:
+  ``REGIS_RAY_SHARD_REPLICAS``.
+- ``Ingress``: the FastAPI app of ``regis serve`` itself (``service.app.create_app``: the same routes,
+  parameters, errors, /docs, /metrics), started with a ``ShardedQueryEngine`` whose encoder is the ``Encoder``
+  deployment (``RemoteEncoder``) and whose shards are the shard deployments (``RayShard``). The upload is decoded
+  in the ingress, encoded once, fanned out to every shard; the exact top-k are merged
+  (``regis.sharding.search.merge_top_k``). A shard that fails or does not answer within
+  ``REGIS_RAY_SHARD_TIMEOUT_S`` makes the query a 503 ``shards_unavailable`` (default), or, with
   ``REGIS_RAY_ON_MISSING_SHARDS=partial``, a 200 with ``partial: true`` and ``missing_shards``: never a
-  silently incomplete ranking.
+  silently incomplete ranking. Not on Ray: explanations (``explain=true``, POST /v1/explain: 501
+  ``not_supported``) and writes (uploads, deletes, metadata changes, index jobs: 501 ``not_supported``; update
+  the collection with ``regis index build --ray``, the shards follow their new versions).
 """
 
-# No ``from __future__ import annotations``: Serve rebuilds the ingress routes from the class and needs the
-# parameter annotations evaluated.
+from __future__ import annotations
+
 import asyncio
+import json
 import logging
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Annotated, Literal
 
 import numpy as np
-from fastapi import FastAPI, File, Query, Request, UploadFile
 from ray import serve
 
-from cluster.common import collection_manifest
-from cluster.schemas import ShardedSearchResponse
 from cluster.settings import RaySettings
-from regis.indexes.layout import read_current
-from regis.retrieve.searcher import SearchResult
-from regis.sharding.layout import read_layout, shard_dir
-from regis.sharding.search import ShardSearcher, merge_top_k
-from service.errors import APIError, install_error_handlers
-from service.schemas import ErrorResponse
+from regis.errors import ConfigError, EncoderUnavailableError, ShardsUnavailableError
+from regis.sharding.engine import LiveShard, ShardedQueryEngine
+from regis.sharding.layout import collection_manifest, read_layout
 from service.settings import Settings
 
 log = logging.getLogger("regis.cluster")
+SHARD_METHODS = frozenset({"records", "select", "tokens", "info"})  # what ``Shard.call`` runs besides search
+
+
+def _wrapped(fn, *args):
+    """("ok", value), or ("error", "ConfigError", message) for a bad request, or ("error", type, "") otherwise
+    (exceptions do not travel: their text would reach clients, and Ray wraps them in its own types)."""
+    try:
+        return ("ok", fn(*args))
+    except ConfigError as exc:
+        return ("error", "ConfigError", str(exc))
+    except Exception as exc:
+        log.exception("shard call failed")
+        return ("error", type(exc).__name__, "")
 
 
 @serve.deployment
@@ -85,7 +96,7 @@ class Encoder:
 
 @serve.deployment
 class Shard:
-    """One shard of the collection, answering in global ids with the table rows of its hits.
+    """One shard of the collection: ``ShardSearcher``'s methods on the shard's live version, in global ids.
 
     Args:
         collection: the sharded collection folder.
@@ -94,213 +105,183 @@ class Shard:
     """
 
     def __init__(self, collection: str, shard: int, settings: RaySettings):
-        self.collection = collection
-        self.shard = shard
-        self.searcher = ShardSearcher.open(collection, shard)
-        self._lock = threading.Lock()
+        self.live = LiveShard(collection, shard)
         self.search.set_max_batch_size(settings.max_batch_size)
         self.search.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
 
-    def _refresh(self) -> ShardSearcher:
-        """The searcher over the shard's live version, swapped when CURRENT names a newer one."""
-        path = shard_dir(self.collection, self.shard)
-        current = read_current(path) if path.is_dir() else None
-        searcher = self.searcher
-        if current is not None and (searcher.searcher is None or searcher.searcher.snapshot.name != current):
-            with self._lock:
-                if self.searcher is searcher:
-                    self.searcher = ShardSearcher.open(self.collection, self.shard)  # the old one is freed by GC
-            searcher = self.searcher
-        return searcher
-
-    def _search_batch(self, requests: list[tuple[np.ndarray, tuple]]) -> list[dict]:
-        searcher = self._refresh()
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for i, (_, params) in enumerate(requests):
-            groups[params].append(i)
+    def _search_batch(self, requests: list[tuple]) -> list[tuple]:
+        searcher = self.live.current()
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, (_, *params) in enumerate(requests):
+            groups[json.dumps(params, sort_keys=True)].append(i)
         out: list = [None] * len(requests)
-        for (k, depth, mode, nprobe), members in groups.items():
-            try:
-                results = searcher.search_batch(np.stack([requests[i][0] for i in members]), k=k, depth=depth,
-                                                mode=mode, nprobe=nprobe)
-            except Exception as exc:  # bad parameters: each request of the group gets the error
-                for i in members:
-                    out[i] = exc
-                continue
-            for i, r in zip(members, results, strict=True):
-                records = searcher.records(r.ids)
-                out[i] = {
-                    "shard": self.shard, "version": searcher.version, "ids": r.ids.tolist(),
-                    "scores": r.scores.tolist(), "num_candidates": r.num_candidates, "depth": r.depth,
-                    "timings_ms": r.timings_ms,
-                    "records": {int(g): {"path": rec.path, "width": rec.width, "height": rec.height,
-                                         "metadata": rec.metadata} for g, rec in records.items()},
-                }
+        for members in groups.values():
+            params = requests[members[0]][1:]
+            queries = np.stack([requests[i][0] for i in members])
+            answer = _wrapped(searcher.search_batch, queries, *params)
+            for row, i in enumerate(members):
+                out[i] = ("ok", answer[1][row]) if answer[0] == "ok" else answer
         return out
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def search(self, requests: list[tuple[np.ndarray, tuple]]) -> list[dict]:
-        """(tokens (m, D) float32, (k, depth, mode, nprobe)) -> {"shard", "version", "ids", "scores",
-        "num_candidates", "depth", "timings_ms", "records"} (global ids)."""
-        results = await asyncio.to_thread(self._search_batch, requests)
-        return [r if not isinstance(r, Exception) else {"error": f"{type(r).__name__}: {r}"} for r in results]
+    async def search(self, requests: list[tuple]) -> list[tuple]:
+        """Requests (query (m, D) float32, k, depth, mode, nprobe, candidates, where) -> ``_wrapped``
+        ``SearchResult`` each (global ids); requests with equal parameters run as one batched search."""
+        return await asyncio.to_thread(self._search_batch, requests)
 
-    def version(self) -> int | None:
-        """The shard's live version (health checks)."""
-        return self._refresh().version
+    def call(self, method: str, *args) -> tuple:
+        """``ShardSearcher.<method>(*args)`` for ``method`` in records, select, tokens, info (``_wrapped``)."""
+        if method not in SHARD_METHODS:
+            return ("error", "ConfigError", f"unknown shard method {method!r}")
+        return _wrapped(getattr(self.live.current(), method), *args)
 
 
-api = FastAPI(
-    title="regis (Ray Serve)",
-    description="Multi-vector image retrieval over a sharded collection: query by image, ranked by MaxSim.",
-)
-install_error_handlers(api)
+class _RayCall:
+    """A shard call in flight; ``result()`` waits until the call's deadline."""
+
+    def __init__(self, response, shard: int, deadline: float):
+        self.response, self.shard, self.deadline = response, shard, deadline
+
+    def result(self):
+        """The answer.
+
+        Raises:
+            ConfigError: the shard refused the parameters.
+            ShardsUnavailableError: the replica died, the call timed out, or the shard failed otherwise.
+        """
+        try:
+            out = self.response.result(timeout_s=max(self.deadline - time.monotonic(), 0.001))
+        except Exception as exc:  # a dead replica, a timeout, a deployment gone, ...
+            log.warning("shard %d did not answer: %s", self.shard, type(exc).__name__)
+            raise ShardsUnavailableError(f"shard {self.shard} did not answer", [self.shard]) from None
+        if out[0] == "ok":
+            return out[1]
+        if out[1] == "ConfigError":
+            raise ConfigError(out[2])
+        raise ShardsUnavailableError(f"shard {self.shard} failed ({out[1]})", [self.shard])
+
+
+class RayShard:
+    """Shard client (``regis.sharding.engine``) over a shard deployment's handle; calls wait at most
+    ``timeout_s`` seconds each, counted from when they are started (the fan-out waits once, not S times)."""
+
+    def __init__(self, handle, shard: int, timeout_s: float):
+        self.handle, self.shard, self.timeout_s = handle, shard, timeout_s
+
+    def call(self, method: str, *args) -> _RayCall:
+        """Start ``method`` on the shard (search through its ``@serve.batch``)."""
+        deadline = time.monotonic() + self.timeout_s
+        response = (self.handle.search.remote(args) if method == "search"
+                    else self.handle.call.remote(method, *args))
+        return _RayCall(response, self.shard, deadline)
+
+
+class RemoteEncoder:
+    """The ``Encoder`` deployment with the interface ``QueryEngine`` uses of a ``RegisEncoder`` (``config``,
+    ``encode``); each image goes to ``@serve.batch`` on its own, so concurrent requests share forward passes.
+
+    Args:
+        handle: the encoder deployment's handle.
+        config: the collection's ``EncoderConfig``.
+        timeout_s: how long an encode may take, seconds.
+    """
+
+    def __init__(self, handle, config, timeout_s: float):
+        self.handle, self.config, self.timeout_s = handle, config, timeout_s
+
+    def encode(self, pixels):
+        """(B, 3, H, W) float32 tensor -> (B, T, D) float32 tensor of unit-norm tokens.
+
+        Raises:
+            EncoderUnavailableError: the deployment failed or did not answer in time.
+        """
+        import torch
+
+        deadline = time.monotonic() + self.timeout_s
+        responses = [self.handle.encode.remote(np.ascontiguousarray(p.numpy())) for p in pixels]
+        try:
+            out = [r.result(timeout_s=max(deadline - time.monotonic(), 0.001)) for r in responses]
+        except Exception as exc:
+            log.warning("encoder did not answer: %s", type(exc).__name__)
+            raise EncoderUnavailableError("the encoder did not answer; retry later") from None
+        return torch.from_numpy(np.stack(out))
+
+
+def _ray_live(service: Settings, engine: ShardedQueryEngine):
+    """The ingress's ``LiveIndex``: the Ray engine, refreshed by the index watcher (shard versions), and a
+    readiness check that every shard answers."""
+    from service.live import LiveIndex
+
+    class RayLive(LiveIndex):
+        def load(self) -> None:
+            self.engine, self.encoder = engine, engine.encoder
+
+        def readiness(self) -> dict:
+            """{"shards": "ok"} when every shard answers its info call, else which do not."""
+            try:
+                self.engine.refresh(required=True)
+            except ShardsUnavailableError as exc:
+                return {"shards": str(exc)}
+            return {"shards": "ok"}
+
+        def close(self) -> None:
+            pass
+
+    live = RayLive(service)
+    live.load()
+    return live
+
+
+def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: list):
+    """The ``create_app`` start-up of the ingress: the Ray engine, a registry of the one collection, the index
+    watcher, no job queue (writes answer 501)."""
+
+    def start(app) -> None:
+        from service.app import SHARDED_READ_ONLY
+        from service.collections import CollectionRegistry
+        from service.live import IndexWatcher
+
+        manifest = collection_manifest(service.index_dir)
+        engine = ShardedQueryEngine(
+            RemoteEncoder(encoder, manifest.encoder, settings.encoder_timeout_s),
+            [RayShard(h, s, settings.shard_timeout_s) for s, h in enumerate(shards)],
+            service.index_dir, manifest, max_pixels=service.max_pixels, on_missing=settings.on_missing_shards,
+            refresh=False)  # no blocking call on the event loop: the watcher's first poll fills the versions
+        live = _ray_live(service, engine)
+        app.state.live = live
+        app.state.read_only_reason = SHARDED_READ_ONLY + " (on Ray: writes are not served either)"
+        app.state.collections = CollectionRegistry(service, live, None)
+        app.state.watcher = IndexWatcher(live, service.index_poll_s).start()
+
+    return start
 
 
 @serve.deployment
-@serve.ingress(api)
+@serve.ingress()
 class Ingress:
-    """The REST API: decode, encode once, fan out to every shard, merge.
+    """The REST API of ``regis serve`` (``service.app.create_app``) over the encoder and shard deployments.
 
     Args:
         service: the service settings (upload limits, k / depth limits; ``index_dir`` = the collection).
         settings: Ray settings (timeouts, missing-shard policy).
         encoder: handle of the ``Encoder`` deployment.
         *shards: handles of the shard deployments, in shard order.
+
+    Raises:
+        ValueError: the number of shard handles is not the collection's shard count.
     """
 
     def __init__(self, service: Settings, settings: RaySettings, encoder, *shards):
-        from regis.models.transforms import eval_transform
+        num_shards = read_layout(service.index_dir)["num_shards"]
+        if num_shards != len(shards):
+            raise ValueError(f"{len(shards)} shard deployments for {num_shards} shards")
+        self.service, self.settings, self.encoder, self.shards = service, settings, encoder, list(shards)
 
-        self.service = service
-        self.settings = settings
-        self.encoder = encoder
-        self.shards = list(shards)
-        self.config = collection_manifest(service.index_dir).encoder
-        self.transform = eval_transform(self.config)
-        self.num_shards = read_layout(service.index_dir)["num_shards"]
-        if self.num_shards != len(self.shards):
-            raise ValueError(f"{len(self.shards)} shard deployments for {self.num_shards} shards")
+    def __serve_build_asgi_app__(self):
+        from service.app import create_app
 
-    def _decode(self, data: bytes) -> tuple[np.ndarray, float]:
-        from regis.images.decode import decode_image
-
-        t0 = time.perf_counter()
-        decoded = decode_image(data, max_pixels=self.service.max_pixels, draft_size=self.config.resize_size)
-        return self.transform(decoded.image).numpy(), (time.perf_counter() - t0) * 1e3
-
-    async def _shard_call(self, s: int, tokens: np.ndarray, params: tuple) -> dict | None:
-        try:
-            out = await asyncio.wait_for(self._await(self.shards[s].search.remote((tokens, params))),
-                                         self.settings.shard_timeout_s)
-        except asyncio.TimeoutError:
-            log.warning("shard %d did not answer within %.1f s", s, self.settings.shard_timeout_s)
-            return None
-        except Exception as exc:  # a replica died, the deployment is gone, ...
-            log.warning("shard %d failed: %s", s, type(exc).__name__)
-            return None
-        if "error" in out:
-            raise APIError(422, "invalid_parameter", out["error"].split(": ", 1)[-1])
-        return out
-
-    @staticmethod
-    async def _await(response):
-        return await response
-
-    @api.post(
-        "/v1/search",
-        response_model=ShardedSearchResponse,
-        responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse},
-                   503: {"model": ErrorResponse}},
-    )
-    async def search(
-        self,
-        request: Request,
-        file: Annotated[UploadFile, File(description="the query image (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
-        k: Annotated[int | None, Query(ge=1, le=1000, description="results to return")] = None,
-        depth: Annotated[
-            int | None, Query(ge=1, le=4096, description="candidates: FAISS neighbours per query token (k')")
-        ] = None,
-        mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")
-                        ] = "ann",
-    ) -> dict:
-        """Rank the collection's images by MaxSim similarity to the uploaded image (every shard)."""
-        from service.routes.search import read_upload
-
-        service = self.service
-        k = k or service.default_k
-        depth = depth or service.default_depth
-        if k > service.max_k:
-            raise APIError(422, "invalid_parameter", f"k must be <= {service.max_k}")
-        if depth is not None and depth > service.max_depth:
-            raise APIError(422, "invalid_parameter", f"depth must be <= {service.max_depth}")
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > service.max_upload_bytes + 64 * 1024:
-            raise APIError(413, "payload_too_large",
-                           f"upload is larger than the limit of {service.max_upload_bytes:,} bytes")
-        data = await read_upload(file, service.max_upload_bytes)
-        t0 = time.perf_counter()
-        pixels, decode_ms = await asyncio.to_thread(self._decode, data)
-        t1 = time.perf_counter()
-        try:
-            tokens = await asyncio.wait_for(self._await(self.encoder.encode.remote(pixels)),
-                                            self.settings.encoder_timeout_s)
-        except Exception as exc:
-            log.warning("encoder failed: %s", type(exc).__name__)
-            raise APIError(503, "encoder_unavailable", "the encoder did not answer; retry later") from None
-        t2 = time.perf_counter()
-        params = (k, depth, mode, None)
-        answers = await asyncio.gather(*(self._shard_call(s, tokens, params) for s in range(self.num_shards)))
-        missing = [s for s, a in enumerate(answers) if a is None]
-        if missing and (self.settings.on_missing_shards == "error" or len(missing) == self.num_shards):
-            raise APIError(503, "shards_unavailable",
-                           f"shards {missing} of {self.num_shards} did not answer within "
-                           f"{self.settings.shard_timeout_s:g} s; retry later")
-        got = [a for a in answers if a is not None]
-        merged = merge_top_k([SearchResult(np.asarray(a["ids"], np.int64), np.asarray(a["scores"], np.float32),
-                                           a["num_candidates"], a["timings_ms"], a["depth"]) for a in got], k)
-        records = {int(g): r for a in got for g, r in a["records"].items()}
-        hits = []
-        for rank, (g, score) in enumerate(zip(merged.ids.tolist(), merged.scores.tolist(), strict=True), 1):
-            rec = records.get(int(g), {})
-            hits.append({"rank": rank, "id": int(g), "score": float(score), "path": rec.get("path"),
-                         "width": rec.get("width"), "height": rec.get("height"),
-                         "metadata": rec.get("metadata") or {}})
-        versions = [a["version"] if a is not None else None for a in answers]
-        return {
-            "index_version": max(v for v in versions if v is not None) if any(v is not None for v in versions) else 0,
-            "mode": mode, "k": k, "depth": merged.depth or depth or 0, "num_candidates": merged.num_candidates,
-            "results": hits,
-            "timings_ms": {"decode": decode_ms, "encode": (t2 - t1) * 1e3, **merged.timings_ms,
-                           "total": (time.perf_counter() - t0) * 1e3},
-            "partial": bool(missing), "missing_shards": missing, "shard_versions": versions,
-        }
-
-    @api.get("/healthz")
-    async def healthz(self) -> dict:
-        """Liveness: the ingress answers."""
-        return {"status": "ok", "shards": self.num_shards}
-
-    @api.get("/readyz")
-    async def readyz(self):
-        """Readiness: every shard answers with its version (503 ``not_ready`` otherwise)."""
-        from fastapi.responses import JSONResponse
-
-        from service.errors import error_body
-
-        async def version(s):
-            try:
-                return await asyncio.wait_for(self._await(self.shards[s].version.remote()),
-                                              self.settings.shard_timeout_s)
-            except Exception:
-                return "unavailable"
-
-        versions = await asyncio.gather(*(version(s) for s in range(self.num_shards)))
-        down = [s for s, v in enumerate(versions) if v == "unavailable"]
-        body = {"ready": not down, "shard_versions": versions}
-        if not down:
-            return body
-        return JSONResponse({**body, **error_body("not_ready", f"shards {down} unavailable")}, status_code=503)
+        return create_app(self.service, start=_ingress_start(self.service, self.settings, self.encoder,
+                                                            self.shards))
 
 
 def build_app(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None):

@@ -184,13 +184,7 @@ def _embed(
                 tokens, buddies, grid = encoder.encode_with_buddies(batch["tensors"])
                 tokens, buddies = tokens.cpu().numpy(), buddies.cpu().numpy()
                 report.encode_s += time.perf_counter() - t0
-                records = []
-                for item in batch["ok"]:
-                    entry, image_id, meta = jobs[item["index"]]
-                    facts = {**path_facts(entry.path), **meta.get(FACTS_KEY, {}), **item.get("exif", {})}
-                    meta = {**meta, FACTS_KEY: facts}
-                    records.append(ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"],
-                                               item["bytes"], entry.mtime, meta))
+                records = [image_record(*jobs[item["index"]], item) for item in batch["ok"]]
                 t0 = time.perf_counter()
                 writer.put(records, tokens, buddies=buddies, grid=grid)
                 report.put_s += time.perf_counter() - t0
@@ -207,6 +201,77 @@ def _embed(
             bar.close()
     report.embed_s = time.perf_counter() - t_start
     return failed_ids
+
+
+def image_record(entry: FileEntry, image_id: int, meta: dict, item: dict) -> ImageRecord:
+    """The table row of an embedded file: the job's user metadata plus the file facts (path facts, EXIF).
+
+    Args:
+        entry: the scanned file; image_id: its id; meta: its user metadata (``BuildPlan.jobs``).
+        item: the decoded item (``indexer.dataset.ImageFileDataset``: sha256, width, height, bytes, exif).
+    """
+    facts = {**path_facts(entry.path), **meta.get(FACTS_KEY, {}), **(item.get("exif") or {})}
+    return ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"], item["bytes"],
+                       entry.mtime, {**meta, FACTS_KEY: facts})
+
+
+@dataclass
+class BuildPlan:
+    """What a build does, decided before embedding (``plan_build``).
+
+    Attributes:
+        plan: the scan compared with the index (new, modified, unchanged, deleted).
+        changed: (entry, record) of files whose bytes changed (re-embedded under their id).
+        touched: records of files with a new size or mtime but the same bytes (only their row changes).
+        jobs: (entry, image id, user metadata) to embed: the new files in scan order (fresh ids), then the
+            changed ones.
+        user: table path -> user metadata (sidecars and given rows).
+    """
+
+    plan: object
+    changed: list
+    touched: list
+    jobs: list
+    user: dict
+
+    @property
+    def num_new(self) -> int:
+        """How many of ``jobs`` are new files (the first ones)."""
+        return len(self.plan.new)
+
+
+def plan_build(writer, entries: list[FileEntry], managed: dict[str, ImageRecord], scope: str = "",
+               metadata: dict[str, dict] | None = None) -> BuildPlan:
+    """Compare a scan with the index's rows and hand out ids to new files, in scan order (so every build of the
+    same folder gives every image the same id: the single-machine build and ``cluster.build``'s Ray build).
+
+    Args:
+        writer: an ``IndexWriter`` or a ``ShardedWriter`` (its ``allocate_ids`` hands out the ids).
+        entries: the scan (``indexer.scan.scan_folder``), table paths.
+        managed: path -> row of the images this build may change (``_managed_records``).
+        scope: the folder built, relative to the images root ("" for the root).
+        metadata: rows of user metadata by path relative to the folder built (they win over sidecars).
+
+    Raises:
+        ConfigError: a sidecar that is not a JSON object.
+    """
+    plan = plan_changes(entries, managed)
+    changed, touched = _split_modified(plan.modified)
+    user = _user_metadata(entries, scope, metadata)
+    new_ids = writer.allocate_ids(len(plan.new))
+    jobs = [(e, int(i), user.get(e.path, {})) for e, i in zip(plan.new, new_ids, strict=True)]
+    jobs += [(e, rec.id, user.get(e.path, _without_facts(rec.metadata))) for e, rec in changed]
+    return BuildPlan(plan, changed, touched, jobs, user)
+
+
+def finish_plan(writer, bp: BuildPlan, managed: dict[str, ImageRecord], failed: set[int]) -> None:
+    """After embedding: remove deleted files and changed ones that no longer decode (``failed`` ids), and write
+    the rows of touched files and of unchanged files whose user metadata changed."""
+    gone = [rec.id for rec in bp.plan.deleted] + [rec.id for _, rec in bp.changed if rec.id in failed]
+    writer.delete(gone)
+    writer.update_records(_with_metadata(bp.touched, bp.user))
+    unchanged = [managed[e.path] for e in bp.plan.unchanged if e.path in bp.user]
+    writer.update_records([r for r in _with_metadata(unchanged, bp.user) if r.metadata != managed[r.path].metadata])
 
 
 def _without_facts(metadata: dict) -> dict:
@@ -337,26 +402,18 @@ def build_index(
         if scope:
             entries = [FileEntry(f"{scope}/{e.path}", e.abspath, e.bytes, e.mtime) for e in entries]
         managed = _managed_records(writer, str(base), scope, options.replace, rebased)
-        plan = plan_changes(entries, managed)
-        changed, touched = _split_modified(plan.modified)
-        user = _user_metadata(entries, scope, options.metadata)
+        bp = plan_build(writer, entries, managed, scope, options.metadata)
         report.scan_s = time.perf_counter() - t0
         report.scanned = len(entries)
-        report.unchanged = len(plan.unchanged)
-        report.touched = len(touched)
-        new_ids = writer.allocate_ids(len(plan.new))
-        jobs = [(e, int(i), user.get(e.path, {})) for e, i in zip(plan.new, new_ids, strict=True)]
-        jobs += [(e, rec.id, user.get(e.path, _without_facts(rec.metadata))) for e, rec in changed]
+        report.unchanged = len(bp.plan.unchanged)
+        report.touched = len(bp.touched)
+        jobs = bp.jobs
         failed = set(_embed(writer, encoder, jobs, options, report)) if jobs else set()
-        report.added = sum(1 for _, i, _ in jobs[: len(plan.new)] if i not in failed)
-        report.updated = sum(1 for _, i, _ in jobs[len(plan.new) :] if i not in failed)
+        report.added = sum(1 for _, i, _ in jobs[: bp.num_new] if i not in failed)
+        report.updated = sum(1 for _, i, _ in jobs[bp.num_new :] if i not in failed)
         # A changed file that no longer decodes leaves the index, like a deleted one.
-        gone = [rec.id for rec in plan.deleted] + [rec.id for _, rec in changed if rec.id in failed]
-        writer.delete(gone)
-        writer.update_records(_with_metadata(touched, user))
-        unchanged = [managed[e.path] for e in plan.unchanged if e.path in user]
-        writer.update_records([r for r in _with_metadata(unchanged, user) if r.metadata != managed[r.path].metadata])
-        report.deleted = len(plan.deleted)
+        finish_plan(writer, bp, managed, failed)
+        report.deleted = len(bp.plan.deleted)
         t0 = time.perf_counter()
         report.images_per_s = (report.added + report.updated) / report.embed_s if report.embed_s > 0 else 0.0
         report.total_s = time.perf_counter() - t_total

@@ -35,3 +35,32 @@ class IndexMismatchError(RegisError):
 
 class IndexLockedError(RegisError):
     """Another process holds the write lock of an index directory."""
+
+
+class NotSupportedError(RegisError):
+    """An operation this kind of index or deployment does not offer (e.g. explanations or writes on a sharded
+    collection); the message says what to use instead."""
+
+
+class UnavailableError(RegisError):
+    """A part of a distributed deployment did not answer in time; ``code`` names which ("shards_unavailable",
+    "encoder_unavailable"). Retrying later may succeed."""
+
+    code = "unavailable"
+
+
+class ShardsUnavailableError(UnavailableError):
+    """Shards of a sharded collection failed or did not answer in time (``missing``: their numbers), so the
+    ranking would be incomplete (``regis.sharding``)."""
+
+    code = "shards_unavailable"
+
+    def __init__(self, message: str, missing: list[int]):
+        super().__init__(message)
+        self.missing = missing
+
+
+class EncoderUnavailableError(UnavailableError):
+    """The remote encoder (Ray Serve's encoder deployment) failed or did not answer in time."""
+
+    code = "encoder_unavailable"

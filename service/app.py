@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
 COLLECTION_PREFIX = "/v1/collections/{collection}"
+SHARDED_READ_ONLY = ("a sharded collection is served read-only: add, change or delete images by rebuilding it with "
+                     "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally)")
 log = logging.getLogger("regis.service")
 
 
@@ -55,6 +58,8 @@ def _start(app: FastAPI, settings: Settings) -> None:
     live = LiveIndex(settings, on_swap=on_swap)
     live.load()
     app.state.live = live
+    if getattr(live.engine, "num_shards", None) is not None:
+        app.state.read_only_reason = SHARDED_READ_ONLY
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
         app.state.jobs = make_job_queue(settings, live)
@@ -114,22 +119,26 @@ def _stop(app: FastAPI) -> None:
         live.close()
 
 
-def create_app(settings: Settings, load: bool = True) -> FastAPI:
+def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI], None] | None = None) -> FastAPI:
     """Build the app.
 
     Args:
         settings: service settings.
         load: open the index and encoder, and start the job queue and the index watcher, in the lifespan
             (tests that override ``get_engine`` pass False).
+        start: replaces that start-up (called with the app in the lifespan; it sets ``app.state.live`` and what
+            else it serves): ``cluster.serve`` serves a collection on Ray Serve this way, with the same routes.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.settings = settings
         app.state.live = app.state.jobs = app.state.cache = app.state.watcher = app.state.batched = None
-        app.state.collections = None
+        app.state.collections = app.state.read_only_reason = None
         try:
-            if load:
+            if start is not None:
+                start(app)
+            elif load:
                 _start(app, settings)
             yield
         finally:

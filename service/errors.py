@@ -10,7 +10,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from regis.errors import ConfigError, ImageDecodeError, ImageTooLargeError, IndexFormatError
+from regis.errors import (
+    ConfigError,
+    ImageDecodeError,
+    ImageTooLargeError,
+    IndexFormatError,
+    NotSupportedError,
+    UnavailableError,
+)
 from regis.jobs.model import QueueUnavailableError
 
 log = logging.getLogger("regis.service")
@@ -71,6 +78,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _no_index(_: Request, exc: IndexFormatError):
         log.error("index unavailable: %s", exc)
         return JSONResponse(error_body("index_unavailable", "the index cannot be read"), status_code=503)
+
+    @app.exception_handler(NotSupportedError)
+    async def _not_supported(_: Request, exc: NotSupportedError):
+        return JSONResponse(error_body("not_supported", str(exc)), status_code=501)
+
+    @app.exception_handler(UnavailableError)
+    async def _unavailable(_: Request, exc: UnavailableError):  # a shard or the remote encoder: retry later
+        return JSONResponse(error_body(exc.code, str(exc)), status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(QueueUnavailableError)
     async def _queue_down(_: Request, exc: QueueUnavailableError):

@@ -86,6 +86,8 @@ class LiveIndex:
 
         s = self.settings
         set_torch_threads(s.torch_threads)
+        if self._load_sharded():
+            return
         if self._current() is None and s.enable_jobs:
             self.encoder = self._build_encoder()
             log.info("no index in %s yet: waiting for the first version", self.index_dir)
@@ -105,6 +107,42 @@ class LiveIndex:
             snapshot.close()
             raise
 
+    def _load_sharded(self) -> bool:
+        """Open a sharded collection (``regis.sharding.engine``: every shard in this process, the query fanned
+        out and merged); False when ``index_dir`` is not one. Sharded collections are served read-only.
+
+        Raises:
+            ConfigError: ``enable_jobs`` is set (index jobs write unsharded indexes).
+        """
+        from regis.sharding.layout import is_sharded
+
+        s = self.settings
+        if not is_sharded(self.index_dir):
+            return False
+        if s.enable_jobs:
+            from regis.errors import ConfigError
+
+            raise ConfigError(f"{self.index_dir} is a sharded collection: it is served read-only (unset "
+                              "REGIS_ENABLE_JOBS) and updated with `regis index build --ray`")
+        from regis.sharding.engine import ShardedQueryEngine
+
+        self.engine = ShardedQueryEngine.open(s.index_dir, weights=str(s.weights) if s.weights else None,
+                                              device=s.device, max_pixels=s.max_pixels)
+        self.encoder = self.engine.encoder
+        return True
+
+    def _refresh_sharded(self, engine) -> bool:
+        """Follow each shard's live version (``ShardedQueryEngine.refresh``); True when any shard changed."""
+        with self._lock:
+            if not engine.refresh():
+                return False
+            self.swaps += 1
+            version = engine.snapshot.version
+        log.info("serving sharded collection version %d (%s)", version, engine.snapshot.name)
+        if self.on_swap is not None:
+            self.on_swap(version)
+        return True
+
     def refresh(self) -> bool:
         """Swap to the version CURRENT names if it is newer than the one served; True when it swapped.
 
@@ -114,6 +152,8 @@ class LiveIndex:
         from regis.indexes.snapshot import IndexSnapshot
         from regis.retrieve.query import QueryEngine
 
+        if getattr(self.engine, "num_shards", None) is not None:  # a ShardedQueryEngine (or the Ray one)
+            return self._refresh_sharded(self.engine)
         with self._lock:
             current = self._current()
             engine = self.engine

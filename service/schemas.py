@@ -48,6 +48,13 @@ class SearchResponse(BaseModel):
     query: QueryTokens | None = Field(default=None, description="with explain=true: the query's tokens and the "
                                                                 "boxes of its ROI tokens (null otherwise)")
     timings_ms: Timings
+    partial: bool | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="sharded collections only, and only when shards did not answer in time with "
+                    "REGIS_RAY_ON_MISSING_SHARDS=partial: true, and the images of `missing_shards` are absent from "
+                    "the ranking (by default such a query is a 503 shards_unavailable instead); absent otherwise")
+    missing_shards: list[int] | None = Field(default=None, exclude_if=lambda v: v is None,
+                                             description="with partial: the shards that did not answer")
 
 
 

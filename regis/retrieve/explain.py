@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from regis.errors import ImageDecodeError, RegisError
+from regis.errors import ImageDecodeError, NotSupportedError, RegisError
 from regis.images.decode import decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.models.encoder import EncoderConfig
@@ -146,6 +146,15 @@ def explain_hits(snapshot: IndexSnapshot, query: np.ndarray, hits: list[dict]) -
         row += 1
 
 
+def require_explainable(engine) -> None:
+    """Raise ``NotSupportedError`` (with the reason) for an engine that cannot explain, such as a sharded
+    collection's (``regis.sharding.engine``: ``supports_explain`` False)."""
+    if not getattr(engine, "supports_explain", True):
+        from regis.sharding.engine import NOT_EXPLAINABLE
+
+        raise NotSupportedError(NOT_EXPLAINABLE)
+
+
 def search_explained(engine, data: bytes, **params) -> dict:
     """``QueryEngine.search_bytes`` plus explanations: a top-level ``query`` block and, per result, an
     ``explanation`` (see the module docstring). ``params`` go to ``QueryEngine.search_tokens``.
@@ -153,7 +162,9 @@ def search_explained(engine, data: bytes, **params) -> dict:
     Raises:
         ImageDecodeError: bad image bytes.
         ConfigError: bad search parameters.
+        NotSupportedError: the engine cannot explain (a sharded collection).
     """
+    require_explainable(engine)
     t0 = time.perf_counter()
     snapshot = engine.snapshot
     query = encode_image(engine, data)
@@ -177,7 +188,9 @@ def similar_explained(engine, image_id: int, **params) -> dict:
     Raises:
         KeyError: ``image_id`` is not a live image of the index served now.
         ConfigError: bad search parameters.
+        NotSupportedError: the engine cannot explain (a sharded collection).
     """
+    require_explainable(engine)
     t0 = time.perf_counter()
     out = engine.search_id(image_id, **params)
     t1 = time.perf_counter()
@@ -214,7 +227,9 @@ def explain_pair(engine, query_data: bytes, image_id: int, image_data: bytes) ->
         ImageDecodeError: the query cannot be decoded.
         ResultImageError: the indexed image's bytes cannot be decoded.
         KeyError: ``image_id`` is not live in the index.
+        NotSupportedError: the engine cannot explain (a sharded collection).
     """
+    require_explainable(engine)
     snapshot = engine.snapshot
     config = snapshot.manifest.encoder
     doc = snapshot.store.get(np.array([image_id], dtype=np.int64))[0]

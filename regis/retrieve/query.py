@@ -178,24 +178,7 @@ class QueryEngine:
     @staticmethod
     def _result_json(searcher: Searcher, result, k: int, depth: int | None, mode: Mode) -> dict:
         records = searcher.snapshot.table.get_many(result.ids.tolist())
-        hits = []
-        for rank, (image_id, score) in enumerate(zip(result.ids.tolist(), result.scores.tolist(), strict=True), 1):
-            rec = records.get(image_id)
-            hits.append({
-                "rank": rank, "id": int(image_id), "score": float(score),
-                "path": rec.path if rec else None,
-                "width": rec.width if rec else None, "height": rec.height if rec else None,
-                "metadata": rec.metadata if rec else {},
-            })
-        return {
-            "index_version": searcher.snapshot.version,
-            "mode": mode,
-            "k": k,
-            "depth": result.depth or depth or searcher.default_depth,
-            "num_candidates": result.num_candidates,
-            "results": hits,
-            "timings_ms": dict(result.timings_ms),
-        }
+        return result_json(result, records, searcher.snapshot.version, k, depth or searcher.default_depth, mode)
 
     def search_id(self, image_id: int, **params) -> dict:
         """"More like this": ``search_tokens`` with the stored tokens of an indexed image (its float16 tokens,
@@ -248,6 +231,30 @@ class QueryEngine:
     def close(self) -> None:
         """Close the live snapshot."""
         self.searcher.snapshot.close()
+
+
+def result_json(result, records: dict, version: int, k: int, depth: int | None, mode: Mode) -> dict:
+    """The JSON-ready answer of a search (see ``QueryEngine.search_bytes``) from its ``SearchResult`` and the
+    table rows of its ids ({id: ImageRecord}; a missing row gives null fields). ``depth``: the depth to report
+    when the result has none (the index default)."""
+    hits = []
+    for rank, (image_id, score) in enumerate(zip(result.ids.tolist(), result.scores.tolist(), strict=True), 1):
+        rec = records.get(image_id)
+        hits.append({
+            "rank": rank, "id": int(image_id), "score": float(score),
+            "path": rec.path if rec else None,
+            "width": rec.width if rec else None, "height": rec.height if rec else None,
+            "metadata": rec.metadata if rec else {},
+        })
+    return {
+        "index_version": version,
+        "mode": mode,
+        "k": k,
+        "depth": result.depth or depth,
+        "num_candidates": result.num_candidates,
+        "results": hits,
+        "timings_ms": dict(result.timings_ms),
+    }
 
 
 def _page(out: dict, offset: int, score_threshold: float | None) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError
-from regis.indexes.layout import write_json_atomic
+from regis.indexes.layout import VERSIONS_DIR, read_current, write_json_atomic
 
 SHARDS_FILE = "shards.json"
 FORMAT = "regis-sharded/1"
@@ -98,3 +98,30 @@ def create_collection(collection: Path | str, num_shards: int) -> dict:
     collection.mkdir(parents=True, exist_ok=True)
     write_layout(collection, num_shards, 0)
     return read_layout(collection)
+
+
+def first_versioned_shard(collection: Path | str) -> Path:
+    """The directory of the first shard that has an index version (every shard has the same encoder).
+
+    Raises:
+        IndexFormatError: not a sharded collection, or no shard has a version yet.
+    """
+    layout = read_layout(collection)
+    for s in range(layout["num_shards"]):
+        path = shard_dir(collection, s)
+        if path.is_dir() and read_current(path):
+            return path
+    raise IndexFormatError(f"no shard of {collection} has an index version yet; build it with "
+                           "`regis index build --ray --shards S`")
+
+
+def collection_manifest(collection: Path | str):
+    """The ``Manifest`` of the first shard that has an index version (encoder, weights, images_root).
+
+    Raises:
+        IndexFormatError: not a sharded collection, or no shard has a version yet.
+    """
+    from regis.indexes.manifest import read_manifest
+
+    path = first_versioned_shard(collection)
+    return read_manifest(path / VERSIONS_DIR / read_current(path))

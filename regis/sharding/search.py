@@ -10,6 +10,7 @@ expectation and the recall is at least the unsharded one's (tested).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -79,35 +80,78 @@ class ShardSearcher:
         """The shard's index version (None: empty shard)."""
         return self.searcher.snapshot.version if self.searcher else None
 
+    @property
+    def name(self) -> str | None:
+        """The shard's index version name (None: empty shard)."""
+        return self.searcher.snapshot.name if self.searcher else None
+
     def search(self, query: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-               nprobe: int | None = None, candidates: str | None = None) -> SearchResult:
-        """``Searcher.search`` on this shard, ids made global. Query (m, D) float32."""
+               nprobe: int | None = None, candidates: str | None = None, where: dict | None = None) -> SearchResult:
+        """``Searcher.search`` on this shard (with a metadata filter ``where``: ``regis.retrieve.filtered`` over
+        the shard's allowed images), ids made global. Query (m, D) float32.
+
+        Raises:
+            ConfigError: bad parameters or filter.
+        """
         if self.searcher is None:
             return SearchResult(np.zeros(0, np.int64), np.zeros(0, np.float32), 0,
                                 {"candidates": 0.0, "rerank": 0.0}, depth)
-        r = self.searcher.search(query, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
+        if where:
+            from regis.retrieve.filtered import allowed_ids, search_filtered
+
+            allowed = allowed_ids(self.searcher.snapshot, where)
+            r = search_filtered(self.searcher, query, allowed, k=k, depth=depth, mode=mode, nprobe=nprobe,
+                                candidates=candidates)
+        else:
+            r = self.searcher.search(query, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
         r.ids = to_global(r.ids, self.shard, self.num_shards)
         return r
 
+    def select(self, where: str | None, params: list, limit: int, offset: int) -> tuple[list[ImageRecord], int]:
+        """The first ``offset + limit`` rows of this shard matching a compiled metadata filter (``where``, SQL
+        with ``params``: ``regis.indexes.filters.compile_filter``; None: every row) in id order, with global ids,
+        and the number of rows matching (the caller merges the shards and cuts the page)."""
+        if self.searcher is None:
+            return [], 0
+        rows, total = self.searcher.snapshot.table.select_where(where, params, offset + limit, 0)
+        return [dataclasses.replace(r, id=int(to_global(np.array([r.id]), self.shard, self.num_shards)[0]))
+                for r in rows], total
+
+    def tokens(self, image_id: int) -> np.ndarray | None:
+        """The stored (T, D) float16 tokens of the live image with global id ``image_id`` (None: not here)."""
+        if self.searcher is None or image_id % self.num_shards != self.shard:
+            return None
+        local = to_local(np.array([image_id]), self.num_shards)
+        store = self.searcher.snapshot.store
+        return store.get(local)[0] if store.is_live(local)[0] else None
+
+    def info(self) -> dict:
+        """{"shard", "version", "name", "images"} (None, None, 0 for an empty shard)."""
+        return {"shard": self.shard, "version": self.version, "name": self.name,
+                "images": len(self.searcher.snapshot) if self.searcher else 0}
+
     def search_batch(self, queries: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                     nprobe: int | None = None) -> list[SearchResult]:
-        """B queries (B, m, D) float32 at once (ANN: ``Searcher.search_batch``), ids made global."""
-        if self.searcher is None or mode != "ann":
-            return [self.search(q, k, depth, mode, nprobe) for q in queries]
-        out = self.searcher.search_batch(queries, k=k, depth=depth, nprobe=nprobe)
+                     nprobe: int | None = None, candidates: str | None = None, where: dict | None = None
+                     ) -> list[SearchResult]:
+        """B queries (B, m, D) float32 with the same parameters (ANN without a filter: one batched search,
+        ``Searcher.search_batch``; else query by query), ids made global."""
+        if self.searcher is None or mode != "ann" or where:
+            return [self.search(q, k, depth, mode, nprobe, candidates, where) for q in queries]
+        out = self.searcher.search_batch(queries, k=k, depth=depth, nprobe=nprobe, candidates=candidates)
         for r in out:
             r.ids = to_global(r.ids, self.shard, self.num_shards)
         return out
 
     def records(self, ids: np.ndarray) -> dict[int, ImageRecord]:
-        """Table rows of this shard's global ``ids`` (n,), keyed by global id (ids of other shards: absent)."""
+        """Table rows of this shard's global ``ids`` (n,), keyed by global id, with global ids (ids of other
+        shards: absent)."""
         if self.searcher is None:
             return {}
         ids = np.asarray(ids, dtype=np.int64)
         mine = ids[ids % self.num_shards == self.shard]
         rows = self.searcher.snapshot.table.get_many(to_local(mine, self.num_shards).tolist())
-        return {int(g): rows[int(local)] for g, local in zip(mine, to_local(mine, self.num_shards), strict=True)
-                if int(local) in rows}
+        return {int(g): dataclasses.replace(rows[int(local)], id=int(g))
+                for g, local in zip(mine, to_local(mine, self.num_shards), strict=True) if int(local) in rows}
 
     def close(self) -> None:
         """Close the shard's snapshot."""

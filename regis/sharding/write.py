@@ -85,12 +85,14 @@ class ShardedWriter:
             rows = np.flatnonzero(shards == s)
             yield int(s), rows, to_local(ids[rows], self.num_shards)
 
-    def put(self, records: list[ImageRecord], tokens: np.ndarray) -> None:
+    def put(self, records: list[ImageRecord], tokens: np.ndarray, buddies: np.ndarray | None = None,
+            grid: tuple[int, int] | None = None) -> None:
         """Store images under their global ids (from ``allocate_ids``, or live ids for new tokens).
 
         Args:
             records: one ImageRecord per image, ``id`` the global id.
             tokens: (n, T, D) float unit-norm tokens.
+            buddies, grid: optional (n, R + 1) buddy patches and their (h, w) grid (``IndexWriter.put``).
 
         Raises:
             ConfigError: shape mismatch, or an id never allocated.
@@ -108,7 +110,7 @@ class ShardedWriter:
             if need > 0:
                 w.allocate_ids(need)  # the shard's ids below stay free (images of other shards, failed files)
             w.put([dataclasses.replace(records[r], id=int(i)) for r, i in zip(rows, local, strict=True)],
-                  tokens[rows])
+                  tokens[rows], buddies=None if buddies is None else buddies[rows], grid=grid)
 
     def update_records(self, records: list[ImageRecord]) -> None:
         """Change table rows (global ids) without touching their tokens."""

@@ -123,14 +123,14 @@ async def thumbnail(
 ) -> Response:
     """A small copy of an image (longest side ``size`` px), made once and cached on disk by content; ``ETag``
     and ``Cache-Control`` let browsers keep it (``If-None-Match`` -> 304)."""
-    rec = engine.snapshot.table.get(image_id)
+    rec = await run_in_threadpool(engine.snapshot.table.get, image_id)  # a table read (or a remote shard call)
     if rec is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id}")
     etag = thumbnails.etag(rec.sha256, size, format)
     headers = {"ETag": etag, "Cache-Control": thumbnails.CACHE_CONTROL}
     if etag in (request.headers.get("if-none-match") or ""):
         return Response(status_code=304, headers=headers)
-    source = image_path(engine, settings, image_id)
+    source = await run_in_threadpool(image_path, engine, settings, image_id)
     cache_dir = settings.index_dir / thumbnails.CACHE_DIR
     data = await run_in_threadpool(thumbnails.thumbnail, source, rec.sha256, size, format, cache_dir,
                                    settings.max_pixels)

@@ -33,6 +33,9 @@ async def readyz(request: Request):
     what is missing."""
     live = get_live(request)
     checks = {"index": "ok" if live is not None and live.engine is not None else "no index version loaded yet"}
+    more = getattr(live, "readiness", None)  # e.g. Ray Serve's shards (cluster.serve.RayLive)
+    if more is not None:
+        checks.update(await run_in_threadpool(more))
     settings = request.app.state.settings
     if settings.redis_url:
         jobs = getattr(request.app.state, "jobs", None)

@@ -1,0 +1,329 @@
+"""A sharded collection behind the ``QueryEngine`` interface, so the service's routes serve it unchanged.
+
+``ShardedQueryEngine`` decodes and encodes a query once, fans the query tokens out to every shard, merges their
+exact MaxSim top-k (``regis.sharding.search.merge_top_k``) and pages the merged list. The shards are reached
+through *shard clients* with one method, ``call(method, *args)`` -> a handle whose ``result()`` gives the answer
+of ``ShardSearcher.<method>`` (``search``, ``select``, ``records``, ``tokens``, ``info``):
+
+- ``LocalShard``: the shard opened in this process (embedded ``regis serve`` on a sharded collection);
+- ``cluster.serve.RayShard``: a Ray Serve shard deployment (``regis serve --ray``).
+
+Every call is started on every shard before any answer is awaited, so remote shards work in parallel. A shard
+whose call fails with ``UnavailableError`` (dead replica, timeout) is *missing*: the query fails with
+``ShardsUnavailableError`` (HTTP 503 ``shards_unavailable``), or, with ``on_missing="partial"``, answers from the
+other shards with ``partial: true`` and ``missing_shards``: never a silently incomplete ranking.
+
+``snapshot`` is a ``ShardedView``: what the routes read of an ``IndexSnapshot`` (``version``, ``name``,
+``len()``, ``manifest``, ``index_dir``, ``table.get / get_many / select_where``). The collection's version is
+the sum of its shards' versions (it grows whenever any shard publishes a version; the query cache keys on it).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from regis.errors import ConfigError, NotSupportedError, ShardsUnavailableError, UnavailableError
+from regis.images.decode import DEFAULT_MAX_PIXELS
+from regis.indexes.layout import read_current
+from regis.indexes.table import ImageRecord
+from regis.models.transforms import eval_transform
+from regis.retrieve.query import QueryEngine, _page, result_json
+from regis.retrieve.searcher import MAX_K, Mode
+from regis.sharding.layout import read_layout, shard_dir, shard_of
+from regis.sharding.search import ShardSearcher, merge_top_k
+
+NOT_EXPLAINABLE = ("explanations are not available on a sharded collection (they need each result's stored buddy "
+                   "patches in one index); search without explain, or serve an unsharded index")
+
+
+class _Done:
+    """An answer already computed (or its exception), with the ``result()`` of a remote call."""
+
+    def __init__(self, fn, *args):
+        try:
+            self.value, self.error = fn(*args), None
+        except Exception as exc:  # handed to whoever asks for the result
+            self.value, self.error = None, exc
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class LiveShard:
+    """One shard of a collection opened in this process, following its live version: ``current()`` reopens the
+    shard when its CURRENT names another version (a query in flight keeps the searcher it started with).
+
+    Args:
+        collection: the collection folder.
+        shard: the shard number.
+        device: torch device for the rerank.
+    """
+
+    def __init__(self, collection: Path | str, shard: int, device: str = "cpu"):
+        self.collection, self.shard, self.device = str(collection), shard, device
+        self.searcher = ShardSearcher.open(collection, shard, device)
+        self._lock = threading.Lock()
+
+    def current(self) -> ShardSearcher:
+        """The searcher over the shard's live version (swapped when CURRENT changed; the old one is freed when
+        the last query using it returns)."""
+        path = shard_dir(self.collection, self.shard)
+        name = read_current(path) if path.is_dir() else None
+        searcher = self.searcher
+        if name is not None and searcher.name != name:
+            with self._lock:
+                if self.searcher is searcher:
+                    self.searcher = ShardSearcher.open(self.collection, self.shard, self.device)
+                searcher = self.searcher
+        return searcher
+
+    def close(self) -> None:
+        """Close the shard's snapshot."""
+        self.searcher.close()
+
+
+class LocalShard:
+    """Shard client over a ``LiveShard`` of this process (calls run at once, in the caller's thread)."""
+
+    def __init__(self, live: LiveShard):
+        self.live = live
+
+    def call(self, method: str, *args) -> _Done:
+        """``ShardSearcher.<method>(*args)`` on the shard's live version."""
+        return _Done(getattr(self.live.current(), method), *args)
+
+    def close(self) -> None:
+        self.live.close()
+
+
+class ShardedTable:
+    """The read side of ``ImageTable`` over every shard (global ids)."""
+
+    def __init__(self, engine: ShardedQueryEngine):
+        self.engine = engine
+
+    def get_many(self, ids) -> dict[int, ImageRecord]:
+        """Rows of global ``ids`` (each asked of its own shard), keyed by id; unknown ids are absent.
+
+        Raises:
+            ShardsUnavailableError: a shard holding some of the ids did not answer.
+        """
+        ids = np.asarray(list(ids), dtype=np.int64)
+        if not len(ids):
+            return {}
+        owners = shard_of(ids, self.engine.num_shards)
+        calls = {int(s): self.engine.shards[int(s)].call("records", ids[owners == s]) for s in np.unique(owners)}
+        out: dict[int, ImageRecord] = {}
+        for s, call in calls.items():
+            out.update(self.engine._answer(s, call, required=True))
+        return out
+
+    def get(self, image_id: int) -> ImageRecord | None:
+        """The row of image ``image_id`` (None: no such image)."""
+        if not 0 <= int(image_id) < 2**62:
+            return None
+        return self.get_many([int(image_id)]).get(int(image_id))
+
+    def select_where(self, where: str | None, params=(), limit: int = 100, offset: int = 0
+                     ) -> tuple[list[ImageRecord], int]:
+        """A page of the rows matching a compiled metadata filter (``ImageTable.select_where``), in global id
+        order, and the total count: each shard returns its first ``offset + limit`` matches, merged by id.
+
+        Raises:
+            ShardsUnavailableError: a shard did not answer.
+        """
+        calls = [s.call("select", where, list(params), limit, offset) for s in self.engine.shards]
+        answers = [self.engine._answer(i, c, required=True) for i, c in enumerate(calls)]
+        rows = sorted((r for part, _ in answers for r in part), key=lambda r: r.id)
+        return rows[offset : offset + limit], sum(total for _, total in answers)
+
+
+class ShardedView:
+    """What the service reads of a served ``IndexSnapshot``, for a sharded collection."""
+
+    def __init__(self, engine: ShardedQueryEngine):
+        self.engine = engine
+        self.table = ShardedTable(engine)
+        self.index_dir = engine.collection
+        self.manifest = engine.manifest
+
+    @property
+    def version(self) -> int:
+        """Sum of the shards' index versions (grows with any shard's new version)."""
+        return sum(i["version"] or 0 for i in self.engine.infos)
+
+    @property
+    def name(self) -> str:
+        """The shards' version names, joined with "+" ("-" for an empty shard)."""
+        return "+".join(i["name"] or "-" for i in self.engine.infos)
+
+    def __len__(self) -> int:
+        return sum(i["images"] for i in self.engine.infos)
+
+
+class ShardedQueryEngine(QueryEngine):
+    """``QueryEngine`` over a sharded collection: decode and encode here, search on every shard, merge.
+
+    Args:
+        encoder: the collection's encoder (``regis.models.encoder.RegisEncoder``, or any object with ``config``
+            and ``encode(pixels (B, 3, H, W) float32) -> (B, T, D)`` such as Ray Serve's remote encoder).
+        shards: one shard client per shard, in shard order (see the module docstring).
+        collection: the collection folder.
+        manifest: the collection's manifest (``regis.sharding.layout.collection_manifest``).
+        device: torch device of the encoder.
+        max_pixels: decompression-bomb limit for query images, pixels.
+        on_missing: "error" (a missing shard fails the query) or "partial" (answer with the others, flagged).
+        refresh: ask every shard for its version now (False: the versions read 0 until ``refresh`` runs; remote
+            shards are not called from the constructor, which may run on an event loop).
+
+    Raises:
+        ConfigError: a shard count that does not match the collection's, or a bad ``on_missing``.
+        ShardsUnavailableError: with ``refresh``, a shard does not answer.
+    """
+
+    supports_explain = False
+
+    def __init__(self, encoder, shards: list, collection: Path | str, manifest, device: str = "cpu",
+                 max_pixels: int = DEFAULT_MAX_PIXELS, on_missing: str = "error", refresh: bool = True):
+        if on_missing not in ("error", "partial"):
+            raise ConfigError(f"on_missing must be 'error' or 'partial', got {on_missing!r}")
+        self.collection = Path(collection)
+        self.num_shards = read_layout(collection)["num_shards"]
+        if len(shards) != self.num_shards:
+            raise ConfigError(f"{len(shards)} shard clients for the {self.num_shards} shards of {collection}")
+        self.encoder, self.shards, self.manifest = encoder, list(shards), manifest
+        self.device, self.max_pixels, self.on_missing = device, max_pixels, on_missing
+        self.transform = eval_transform(encoder.config)
+        self.infos: list[dict] = [{"shard": s, "version": None, "name": None, "images": 0}
+                                  for s in range(self.num_shards)]
+        if refresh:
+            self.refresh(required=True)
+        self._view = ShardedView(self)
+
+    @classmethod
+    def open(cls, collection: Path | str, weights: str | None = None, device: str = "cpu",
+             max_pixels: int = DEFAULT_MAX_PIXELS) -> ShardedQueryEngine:
+        """Open every shard of ``collection`` in this process with the encoder its manifest names.
+
+        Raises:
+            IndexFormatError: not a sharded collection, no shard version yet, or an unreadable shard.
+            IndexMismatchError / WeightsError: the collection's encoder cannot be rebuilt identically.
+        """
+        from regis.indexes.weights_copy import stored_weights
+        from regis.models.encoder import encoder_from_manifest
+        from regis.sharding.layout import collection_manifest, first_versioned_shard
+
+        manifest = collection_manifest(collection)
+        stored = stored_weights(first_versioned_shard(collection), manifest.weights)
+        encoder = encoder_from_manifest(manifest.encoder, manifest.weights, weights, device,
+                                        stored=str(stored) if stored else None)
+        shards: list[LocalShard] = []
+        try:
+            for s in range(read_layout(collection)["num_shards"]):
+                shards.append(LocalShard(LiveShard(collection, s, device)))
+            return cls(encoder, shards, collection, manifest, device, max_pixels)
+        except BaseException:
+            for shard in shards:
+                shard.close()
+            raise
+
+    # ----------------------------------------------------------------- shards
+    def _answer(self, shard: int, call, required: bool = False):
+        """A shard call's answer; ``UnavailableError`` becomes ``ShardsUnavailableError`` naming the shard when
+        ``required`` (else it propagates for the caller to count the shard missing)."""
+        try:
+            return call.result()
+        except UnavailableError:
+            if not required:
+                raise
+            raise ShardsUnavailableError(f"shard {shard} of {self.num_shards} did not answer; retry later",
+                                         [shard]) from None
+
+    def refresh(self, required: bool = False) -> bool:
+        """Ask every shard for its live version (a local shard reopens a newer one); True when any changed.
+        Shards that do not answer keep their last known state unless ``required``."""
+        calls = [s.call("info") for s in self.shards]
+        changed = False
+        for s, call in enumerate(calls):
+            try:
+                info = self._answer(s, call, required)
+            except UnavailableError:
+                continue
+            changed |= info["name"] != self.infos[s]["name"]
+            self.infos[s] = info
+        return changed
+
+    @property
+    def snapshot(self) -> ShardedView:
+        """The collection as the routes read a snapshot (see ``ShardedView``)."""
+        return self._view
+
+    def swap(self, snapshot):
+        """Not for sharded collections: each shard follows its own live version (``refresh``)."""
+        raise NotSupportedError("a sharded collection follows each shard's live version; use refresh()")
+
+    # ----------------------------------------------------------------- search
+    def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
+                      nprobe: int | None = None, candidates: str | None = None, where: dict | None = None,
+                      offset: int = 0, score_threshold: float | None = None) -> dict:
+        """``QueryEngine.search_tokens`` over every shard: each returns its exact top-(k + offset) (filtered by
+        ``where`` on the shard), the merge keeps the best, then the page is cut. Adds ``partial`` and
+        ``missing_shards`` when shards are missing and ``on_missing`` is "partial".
+
+        Raises:
+            ConfigError: bad parameters (from any shard).
+            ShardsUnavailableError: shards missing with ``on_missing="error"``, or every shard missing.
+        """
+        want = k + offset
+        if want > MAX_K:
+            raise ConfigError(f"k + offset must be <= {MAX_K}, got {want}")
+        query = np.ascontiguousarray(tokens, dtype=np.float32)
+        calls = [s.call("search", query, want, depth, mode, nprobe, candidates, where) for s in self.shards]
+        parts, missing = [], []
+        for s, call in enumerate(calls):
+            try:
+                parts.append(self._answer(s, call))
+            except UnavailableError:
+                missing.append(s)
+        if missing and (self.on_missing == "error" or len(missing) == self.num_shards):
+            raise ShardsUnavailableError(f"shards {missing} of {self.num_shards} did not answer; the ranking would "
+                                         "be incomplete: retry later", missing)
+        merged = merge_top_k(parts, want)
+        records = self.snapshot.table.get_many(merged.ids.tolist()) if len(merged.ids) else {}
+        out = result_json(merged, records, self.snapshot.version, k, depth or self.manifest.faiss.depth, mode)
+        if missing:
+            out.update(partial=True, missing_shards=missing)
+        return _page(out, offset, score_threshold)
+
+    def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
+                            nprobe: int | None = None, candidates: str | None = None, **extra) -> list[dict]:
+        """``search_tokens`` of each of the B queries (B, T, D) float32 (every query fans out on its own)."""
+        return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra)
+                for q in tokens]
+
+    def search_id(self, image_id: int, **params) -> dict:
+        """"More like this" with the stored tokens of image ``image_id`` (asked of its shard).
+
+        Raises:
+            KeyError: no live image ``image_id``.
+            ShardsUnavailableError: its shard does not answer.
+        """
+        if not 0 <= int(image_id) < 2**62:
+            raise KeyError(image_id)
+        s = int(image_id) % self.num_shards
+        tokens = self._answer(s, self.shards[s].call("tokens", int(image_id)), required=True)
+        if tokens is None:
+            raise KeyError(image_id)
+        return self.search_tokens(np.asarray(tokens, dtype=np.float32), **params)
+
+    def close(self) -> None:
+        """Close the shard clients that hold resources (local shards)."""
+        for s in self.shards:
+            close = getattr(s, "close", None)
+            if close is not None:
+                close()

@@ -1,0 +1,179 @@
+"""``regis serve`` (embedded) on a sharded collection: the service's own routes over the in-process fan-out
+(``regis.sharding.engine``) answer like the unsharded index of the same images; explanations and writes are a
+clear 501; a missing shard is a 503 or, when asked for, a flagged partial answer. Tiny random encoder, the 21
+bundled photos."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest import build
+from regis.errors import ConfigError, ShardsUnavailableError
+from regis.sharding.write import split_index
+from service.app import create_app
+from service.settings import Settings
+
+SHARDS = 3
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory, photos_dir, tiny_encoder):
+    """(the unsharded index, the same images split into 3 shards)."""
+    root = tmp_path_factory.mktemp("sharded-service")
+    build(photos_dir, root / "index", tiny_encoder)
+    split_index(root / "index", root / "collection", SHARDS)
+    return root / "index", root / "collection"
+
+
+@pytest.fixture(scope="module")
+def clients(indexes):
+    index, collection = indexes
+    with TestClient(create_app(Settings(index_dir=index))) as plain, \
+            TestClient(create_app(Settings(index_dir=collection))) as sharded:
+        yield plain, sharded
+
+
+def _post(client, path, data, **params):
+    return client.post(path, files={"file": ("q.png", data, "image/png")}, params=params)
+
+
+def _ranking(body):
+    return [h["id"] for h in body["results"]], [h["score"] for h in body["results"]]
+
+
+def test_search_equals_the_unsharded_index(clients, photos_dir):
+    plain, sharded = clients
+    photos = sorted(photos_dir.iterdir())
+    for photo in photos[:3]:
+        data = photo.read_bytes()
+        for params in ({"k": 21, "mode": "exact"}, {"k": 5, "offset": 3, "mode": "exact"},
+                       {"k": 10, "mode": "exact", "filter": json.dumps({"file.ext": "jpg"})},
+                       {"k": 10, "mode": "exact", "score_threshold": 0.5}):
+            want, got = _post(plain, "/v1/search", data, **params), _post(sharded, "/v1/search", data, **params)
+            assert want.status_code == got.status_code == 200, got.text
+            (want_ids, want_scores), (got_ids, got_scores) = _ranking(want.json()), _ranking(got.json())
+            assert got_ids == want_ids, params
+            np.testing.assert_allclose(got_scores, want_scores, rtol=0, atol=1e-4)
+            assert [h["path"] for h in got.json()["results"]] == [h["path"] for h in want.json()["results"]]
+            assert "partial" not in got.json()  # only present on a partial answer
+        ann = _post(sharded, "/v1/search", data, k=5).json()
+        assert ann["results"][0]["path"] == photo.name and ann["num_candidates"] >= 5
+    bad = _post(sharded, "/v1/search", b"not an image")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_image"
+    assert _post(sharded, "/v1/search", data, k=9999).status_code == 422
+    unknown = _post(sharded, "/v1/search", data, kk=3)
+    assert unknown.status_code == 422 and unknown.json()["error"]["code"] == "unknown_parameter"
+
+
+def test_images_similar_health_and_metrics_equal_the_unsharded_index(clients):
+    plain, sharded = clients
+    for params in ({"limit": 5, "offset": 3}, {"limit": 100}, {"filter": "file.ext:png", "limit": 4, "offset": 2}):
+        want, got = plain.get("/v1/images", params=params).json(), sharded.get("/v1/images", params=params).json()
+        assert got["total"] == want["total"] and got["images"] == want["images"], params
+    for image_id in (0, 7, 20):
+        want, got = plain.get(f"/v1/images/{image_id}").json(), sharded.get(f"/v1/images/{image_id}").json()
+        assert {**got, "index_version": 0} == {**want, "index_version": 0}
+        assert sharded.get(f"/v1/images/{image_id}/file").content == plain.get(f"/v1/images/{image_id}/file").content
+        assert sharded.get(f"/v1/images/{image_id}/thumbnail", params={"size": 32}).status_code == 200
+        want = plain.get(f"/v1/images/{image_id}/similar", params={"k": 6, "mode": "exact"}).json()
+        got = sharded.get(f"/v1/images/{image_id}/similar", params={"k": 6, "mode": "exact"}).json()
+        assert _ranking(got)[0] == _ranking(want)[0] and got["results"][0]["id"] == image_id
+    missing = sharded.get("/v1/images/9999")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "image_not_found"
+    assert sharded.get("/v1/images/9999/similar").status_code == 404
+    health = sharded.get("/healthz").json()
+    assert health["images"] == 21 and health["index_version"] == SHARDS  # the sum of the shards' versions
+    assert sharded.get("/readyz").status_code == 200
+    assert "regis_index_images 21.0" in sharded.get("/metrics").text
+
+
+def test_explanations_and_writes_are_a_clear_501(clients, photos_dir):
+    _, sharded = clients
+    data = sorted(photos_dir.iterdir())[0].read_bytes()
+    for r in (_post(sharded, "/v1/search", data, explain="true"),
+              sharded.get("/v1/images/3/similar", params={"explain": "true"}),
+              sharded.post("/v1/explain", files={"file": ("q.png", data, "image/png")}, data={"id": "3"}),
+              sharded.delete("/v1/images/3"),
+              sharded.post("/v1/images", files={"files": ("q.png", data, "image/png")}),
+              sharded.post("/v1/jobs/index", json={"folder": "."})):
+        assert r.status_code == 501, (r.request.url, r.text)
+        assert r.json()["error"]["code"] == "not_supported"
+        assert "sharded collection" in r.json()["error"]["message"]
+
+
+def test_a_sharded_collection_refuses_index_jobs(indexes):
+    with pytest.raises(ConfigError, match="sharded collection: it is served read-only"):
+        with TestClient(create_app(Settings(index_dir=indexes[1], enable_jobs=True))):
+            pass
+
+
+class _DeadShard:
+    """A shard client whose every call fails as an unreachable remote shard does."""
+
+    def __init__(self, shard: int):
+        self.shard = shard
+
+    def call(self, method, *args):
+        from regis.sharding.engine import _Done
+
+        def fail():
+            raise ShardsUnavailableError(f"shard {self.shard} did not answer", [self.shard])
+
+        return _Done(fail)
+
+
+def _engine_with_dead_shard(collection, on_missing):
+    from regis.sharding.engine import LiveShard, LocalShard, ShardedQueryEngine
+    from regis.sharding.layout import collection_manifest
+
+    local = ShardedQueryEngine.open(collection)
+    shards = [LocalShard(LiveShard(collection, s)) for s in range(SHARDS)]
+    shards[1] = _DeadShard(1)
+    return ShardedQueryEngine(local.encoder, shards, collection, collection_manifest(collection),
+                              on_missing=on_missing, refresh=False)
+
+
+@pytest.mark.parametrize("on_missing", ["error", "partial"])
+def test_a_missing_shard_is_a_503_or_a_flagged_partial_answer(indexes, photos_dir, on_missing):
+    _, collection = indexes
+    app = create_app(Settings(index_dir=collection), load=False)
+    app.state.engine = _engine_with_dead_shard(collection, on_missing)
+    data = sorted(photos_dir.iterdir())[0].read_bytes()
+    with TestClient(app) as client:
+        r = _post(client, "/v1/search", data, k=21, mode="exact")
+        if on_missing == "error":
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+            assert r.json()["error"] == {"code": "shards_unavailable", "message": "shards [1] of 3 did not answer; "
+                                         "the ranking would be incomplete: retry later"}
+            assert client.get("/v1/images/1").status_code == 503  # its row lives on the dead shard
+        else:
+            body = r.json()
+            assert r.status_code == 200 and body["partial"] is True and body["missing_shards"] == [1]
+            assert len(body["results"]) == 14 and all(h["id"] % SHARDS != 1 for h in body["results"])
+        assert client.get("/v1/images/0").status_code == 200  # the other shards still answer
+
+
+def test_the_service_follows_each_shards_new_version(tmp_path, indexes, tiny_encoder):
+    from regis.sharding.write import ShardedWriter
+    from service.live import LiveIndex
+
+    index, _ = indexes
+    split_index(index, tmp_path / "c", SHARDS)
+    live = LiveIndex(Settings(index_dir=tmp_path / "c"))
+    live.load()
+    try:
+        before = live.engine.snapshot.version
+        assert live.engine.snapshot.table.get(4) is not None and not live.refresh()
+        with ShardedWriter(tmp_path / "c", SHARDS, tiny_encoder.config, tiny_encoder.weights_info) as w:
+            w.delete([4])  # shard 1 gets a new version
+            w.commit()
+        assert live.refresh() and live.engine.snapshot.version == before + 1
+        assert live.engine.snapshot.table.get(4) is None and len(live.engine.snapshot) == 20
+        with pytest.raises(KeyError):
+            live.engine.search_id(4)
+    finally:
+        live.close()
