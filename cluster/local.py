@@ -118,10 +118,10 @@ class LocalRayCluster:
         return done.returncode == 0 and done.stdout.count("node_") >= n
 
     def stop(self) -> None:
-        """End this cluster's node process groups (SIGTERM, 10 s, then SIGKILL) and remove its temporary folder."""
+        """End this cluster's node process groups (SIGTERM, 3 s, then SIGKILL) and remove its temporary folder."""
         for proc in reversed(self.nodes):
             self._signal(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3
         for proc in self.nodes:
             try:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
