@@ -127,7 +127,8 @@ class Encode:
         return out
 
 
-def _plan(writer: ShardedWriter, root: Path, collection: Path, report: RayBuildReport):
+def _plan(writer: ShardedWriter, root: Path, collection: Path, report: RayBuildReport,
+          metadata: dict[str, dict] | None = None):
     """``indexer.build.plan_build`` over the shards' rows (the single-machine build's id planning): the plan,
     the rows it compared with, and the jobs as Ray Data items (gid, path, abspath, bytes, mtime, metadata JSON,
     new)."""
@@ -137,7 +138,7 @@ def _plan(writer: ShardedWriter, root: Path, collection: Path, report: RayBuildR
 
     entries = scan_folder(root, exclude=(collection,))
     managed = {p: r for p, r in writer.records_by_path().items() if not is_upload_path(p)}
-    bp = plan_build(writer, entries, managed)
+    bp = plan_build(writer, entries, managed, metadata=metadata)
     jobs = [{"gid": int(i), "path": e.path, "abspath": str(e.abspath), "size": int(e.bytes), "mtime": float(e.mtime),
              "metadata": json.dumps(meta), "new": n < bp.num_new} for n, (e, i, meta) in enumerate(bp.jobs)]
     report.scanned = len(entries)
@@ -183,6 +184,7 @@ def build_ray(
     depth: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     draft: bool = True,
+    metadata: dict[str, dict] | None = None,
     on_event: Callable[[dict], None] | None = None,
 ) -> RayBuildReport:
     """Create or incrementally update the sharded collection ``collection`` from the images below ``images_dir``
@@ -198,6 +200,8 @@ def build_ray(
         faiss_spec, nprobe, token_store, depth: each shard's index options (as ``regis index build``).
         max_pixels: decompression-bomb limit per image, pixels.
         draft: JPEG draft decoding (as the single-machine build).
+        metadata: user metadata rows by path relative to ``images_dir`` (``regis index build --metadata``; they
+            win over sidecar files, as in the single-machine build).
         on_event: called with {"event": "batch", "done": n} after each written batch and {"event": "checkpoint",
             "n": i} after each checkpoint (progress; tests kill the build here).
 
@@ -222,7 +226,7 @@ def build_ray(
     report = RayBuildReport(images_root=str(root), collection=str(collection), num_shards=num_shards)
     writer = ShardedWriter(collection, num_shards, encoder.config, encoder.weights_info, **kwargs)
     try:
-        bp, managed, jobs = _plan(writer, root, collection, report)
+        bp, managed, jobs = _plan(writer, root, collection, report, metadata)
         report.scan_s = time.perf_counter() - t_total
         failed: set[int] = set()
         done = 0

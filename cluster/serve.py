@@ -34,7 +34,7 @@ from ray import serve
 
 from cluster.settings import RaySettings
 from regis.errors import ConfigError, EncoderUnavailableError, ShardsUnavailableError
-from regis.sharding.engine import LiveShard, ShardedQueryEngine
+from regis.sharding.engine import READ_ONLY, LiveShard, ShardedQueryEngine
 from regis.sharding.layout import collection_manifest, read_layout
 from service.settings import Settings
 
@@ -237,7 +237,6 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
     watcher, no job queue (writes answer 501)."""
 
     def start(app) -> None:
-        from service.app import SHARDED_READ_ONLY
         from service.collections import CollectionRegistry
         from service.live import IndexWatcher
 
@@ -249,7 +248,7 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
             refresh=False)  # no blocking call on the event loop: the watcher's first poll fills the versions
         live = _ray_live(service, engine)
         app.state.live = live
-        app.state.read_only_reason = SHARDED_READ_ONLY + " (on Ray: writes are not served either)"
+        app.state.read_only_reason = READ_ONLY
         app.state.collections = CollectionRegistry(service, live, None)
         app.state.watcher = IndexWatcher(live, service.index_poll_s).start()
 

@@ -68,38 +68,33 @@ def build(
     """Index a folder, or update an index incrementally: new and changed files are embedded, files gone from
     the folder removed; ids stay stable. Images of other folders in the same index or collection stay (use
     --replace for a build that replaces them). Unreadable files are skipped and listed."""
+    from indexer.metadata import load_metadata_file
+    from regis.cli.options import encoder_for, index_dir_for
+    from regis.errors import ConfigError
+
+    if ray and (replace or candidates is not None):
+        raise ConfigError("--ray builds the whole folder into the sharded collection: --replace and --candidates "
+                          "are single-machine options")
+    index = index_dir_for(index, collection, root)
+    if collection is not None:
+        backbone, weights, random_init = _collection_encoder(collection, root, backbone, weights, random_init)
+    rows = load_metadata_file(metadata) if metadata else None
     if ray:
         from cluster.cli import build_ray_cli
-        from regis.errors import ConfigError
 
-        if index is None or collection is not None:
-            raise ConfigError("--ray builds a sharded collection folder: give --index PATH (not --collection)")
         build_ray_cli(images_dir, index, shards, dict(backbone=backbone, weights=weights, random_init=random_init,
                                                       roi_size=roi_size, cue_method=cue_method, device=device),
-                      dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store),
+                      dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store,
+                           metadata=rows),
                       batch_size, as_json)
         return
     from indexer.build import BuildOptions, build_index
-    from indexer.metadata import load_metadata_file
-    from regis.cli.options import collections_root, encoder_for, index_dir_for
 
-    index = index_dir_for(index, collection, root)
-    if collection is not None:
-        from regis.indexes.collections import CollectionConfig
-
-        collections = collections_root(root)
-        if not collections.exists(collection):
-            collections.create(collection, CollectionConfig(backbone=backbone, random_init=random_init,
-                                                            weights=str(weights) if weights else None))
-        elif backbone is None and weights is None and not random_init:  # the collection's own encoder
-            config = collections.config(collection)
-            backbone, random_init = config.backbone, config.random_init
-            weights = Path(config.weights) if config.weights else None
     encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
                            candidates=candidates,
-                           metadata=load_metadata_file(metadata) if metadata else None)
+                           metadata=rows)
     report = build_index(images_dir, index, encoder, options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
@@ -112,6 +107,23 @@ def build(
     )
     for item in report.skipped:
         typer.echo(f"  skipped {item['path']}: {item['reason']}", err=True)
+
+
+def _collection_encoder(collection: str, root: Path | None, backbone, weights, random_init) -> tuple:
+    """(backbone, weights, random_init) of a build into collection ``collection``: the collection is created
+    with the given encoder if missing; an existing one's own encoder unless another is given."""
+    from regis.cli.options import collections_root
+    from regis.indexes.collections import CollectionConfig
+
+    collections = collections_root(root)
+    if not collections.exists(collection):
+        collections.create(collection, CollectionConfig(backbone=backbone, random_init=random_init,
+                                                        weights=str(weights) if weights else None))
+    elif backbone is None and weights is None and not random_init:  # the collection's own encoder
+        config = collections.config(collection)
+        backbone, random_init = config.backbone, config.random_init
+        weights = Path(config.weights) if config.weights else None
+    return backbone, weights, random_init
 
 
 @app.command("info")

@@ -25,8 +25,6 @@ from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
 COLLECTION_PREFIX = "/v1/collections/{collection}"
-SHARDED_READ_ONLY = ("a sharded collection is served read-only: add, change or delete images by rebuilding it with "
-                     "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally)")
 log = logging.getLogger("regis.service")
 
 
@@ -58,8 +56,14 @@ def _start(app: FastAPI, settings: Settings) -> None:
     live = LiveIndex(settings, on_swap=on_swap)
     live.load()
     app.state.live = live
-    if getattr(live.engine, "num_shards", None) is not None:
-        app.state.read_only_reason = SHARDED_READ_ONLY
+    if live.sharded:
+        from regis.errors import ConfigError
+        from regis.sharding.engine import READ_ONLY
+
+        if settings.enable_jobs:
+            raise ConfigError(f"{settings.index_dir} is a sharded collection: it is served read-only (unset "
+                              "REGIS_ENABLE_JOBS) and updated with `regis index build --ray`")
+        app.state.read_only_reason = READ_ONLY
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
         app.state.jobs = make_job_queue(settings, live)

@@ -109,27 +109,24 @@ class LiveIndex:
 
     def _load_sharded(self) -> bool:
         """Open a sharded collection (``regis.sharding.engine``: every shard in this process, the query fanned
-        out and merged); False when ``index_dir`` is not one. Sharded collections are served read-only.
-
-        Raises:
-            ConfigError: ``enable_jobs`` is set (index jobs write unsharded indexes).
-        """
+        out and merged); False when ``index_dir`` is not one. Sharded collections are served read-only (the app
+        and ``CollectionRegistry.jobs`` refuse writes)."""
         from regis.sharding.layout import is_sharded
 
         s = self.settings
         if not is_sharded(self.index_dir):
             return False
-        if s.enable_jobs:
-            from regis.errors import ConfigError
-
-            raise ConfigError(f"{self.index_dir} is a sharded collection: it is served read-only (unset "
-                              "REGIS_ENABLE_JOBS) and updated with `regis index build --ray`")
         from regis.sharding.engine import ShardedQueryEngine
 
         self.engine = ShardedQueryEngine.open(s.index_dir, weights=str(s.weights) if s.weights else None,
                                               device=s.device, max_pixels=s.max_pixels)
         self.encoder = self.engine.encoder
         return True
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the engine serves a sharded collection (read-only)."""
+        return getattr(self.engine, "num_shards", None) is not None
 
     def _refresh_sharded(self, engine) -> bool:
         """Follow each shard's live version (``ShardedQueryEngine.refresh``); True when any shard changed."""
@@ -152,7 +149,7 @@ class LiveIndex:
         from regis.indexes.snapshot import IndexSnapshot
         from regis.retrieve.query import QueryEngine
 
-        if getattr(self.engine, "num_shards", None) is not None:  # a ShardedQueryEngine (or the Ray one)
+        if self.sharded:  # a ShardedQueryEngine (in this process, or over Ray Serve)
             return self._refresh_sharded(self.engine)
         with self._lock:
             current = self._current()

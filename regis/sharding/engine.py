@@ -35,6 +35,8 @@ from regis.retrieve.searcher import MAX_K, Mode
 from regis.sharding.layout import read_layout, shard_dir, shard_of
 from regis.sharding.search import ShardSearcher, merge_top_k
 
+READ_ONLY = ("a sharded collection is served read-only: add, change or delete images by building it again with "
+             "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally)")
 NOT_EXPLAINABLE = ("explanations are not available on a sharded collection (they need each result's stored buddy "
                    "patches in one index); search without explain, or serve an unsharded index")
 
