@@ -145,10 +145,12 @@ class CollectionRegistry:
         live = self._live.get(name)
         engine = live.engine if live is not None else None
         if engine is not None:
-            manifest = engine.snapshot.manifest
+            snapshot = engine.snapshot
+            manifest = snapshot.manifest  # a sharded collection's: its first shard's (the encoder is the same)
             config = (self.root.config(name).model_dump() if self.root is not None and self.root.exists(name)
                       else CollectionConfig().model_dump())
-            body = {"index_version": manifest.version, "images": manifest.num_images,
+            body = {"index_version": snapshot.version,
+                    "images": len(snapshot) if live.sharded else manifest.num_images,
                     "backbone": manifest.encoder.backbone, "config": config}
         elif self.root is not None and self.root.exists(name):
             body = self.root.describe(name)

@@ -89,6 +89,8 @@ def test_images_similar_health_and_metrics_equal_the_unsharded_index(clients):
     assert health["images"] == 21 and health["index_version"] == SHARDS  # the sum of the shards' versions
     assert sharded.get("/readyz").status_code == 200
     assert "regis_index_images 21.0" in sharded.get("/metrics").text
+    (described,) = sharded.get("/v1/collections").json()["collections"]
+    assert described["images"] == 21 and described["index_version"] == SHARDS and described["default"]
 
 
 def test_explanations_and_writes_are_a_clear_501(clients, photos_dir):
