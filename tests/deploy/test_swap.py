@@ -86,8 +86,9 @@ def test_keep_alive_connection_idle_past_the_client_expiry_survives_a_redis_swap
     """Issue 14, fault 11: in Redis mode searches across swaps were dropped without a response. The API closed
     an idle connection after uvicorn's default 5 s, httpx's keep-alive expiry too: a client reusing a connection
     idle about 5 s (while the worker built the next version) sent its search into a socket the server was
-    closing, and got a reset (3 of 800 in the reproduction of docs/DEPLOY.md). The window is forced here: the
-    connection idles 6 s across a pub/sub swap, past both 5 s limits, then carries the next search."""
+    closing, and got no response (3 of 1,000: scripts/swap_drops.py with REGIS_KEEP_ALIVE_S=5, docs/DEPLOY.md).
+    The window is forced here: the connection idles 6 s across a pub/sub swap, past both 5 s limits, then carries
+    the next search."""
     photos = images_root / "photos"
     index = tmp_path / "index"
     build(photos, index, tiny_encoder)

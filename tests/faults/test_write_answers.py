@@ -7,10 +7,10 @@ from __future__ import annotations
 import io
 
 import pytest
+from deploy.support import wait_until
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from deploy.support import wait_until
 from regis.jobs.model import QueueUnavailableError
 from service.app import create_app
 from service.settings import Settings
