@@ -119,6 +119,9 @@ class Shard:
             params = requests[members[0]][1:]
             queries = np.stack([requests[i][0] for i in members])
             answer = _wrapped(searcher.search_batch, queries, *params)
+            if answer[0] == "ok":
+                for r in answer[1]:  # the rows of its hits travel with the answer (no second call for them)
+                    r.records = searcher.records(r.ids)
             for row, i in enumerate(members):
                 out[i] = ("ok", answer[1][row]) if answer[0] == "ok" else answer
         return out

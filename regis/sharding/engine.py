@@ -274,8 +274,9 @@ class ShardedQueryEngine(QueryEngine):
                       nprobe: int | None = None, candidates: str | None = None, where: dict | None = None,
                       offset: int = 0, score_threshold: float | None = None) -> dict:
         """``QueryEngine.search_tokens`` over every shard: each returns its exact top-(k + offset) (filtered by
-        ``where`` on the shard), the merge keeps the best, then the page is cut. Adds ``partial`` and
-        ``missing_shards`` when shards are missing and ``on_missing`` is "partial".
+        ``where`` on the shard), the merge keeps the best, then the page is cut. Table rows come with a shard's
+        answer when it sends them (``SearchResult.records``: Ray Serve's shards), else one lookup per shard.
+        Adds ``partial`` and ``missing_shards`` when shards are missing and ``on_missing`` is "partial".
 
         Raises:
             ConfigError: bad parameters (from any shard).
@@ -296,7 +297,10 @@ class ShardedQueryEngine(QueryEngine):
             raise ShardsUnavailableError(f"shards {missing} of {self.num_shards} did not answer; the ranking would "
                                          "be incomplete: retry later", missing)
         merged = merge_top_k(parts, want)
-        records = self.snapshot.table.get_many(merged.ids.tolist()) if len(merged.ids) else {}
+        records = {g: r for p in parts for g, r in (getattr(p, "records", None) or {}).items()}  # sent along
+        ask = [int(g) for g in merged.ids.tolist() if int(g) not in records]
+        if ask:
+            records.update(self.snapshot.table.get_many(ask))
         out = result_json(merged, records, self.snapshot.version, k, depth or self.manifest.faiss.depth, mode)
         if missing:
             out.update(partial=True, missing_shards=missing)
