@@ -6,6 +6,7 @@ of random (B, 3, 224, 224) inputs per batch size B after one warm-up pass; print
 Usage::
 
     python -m bench.encode_batch --batch-sizes 1,4,16,32
+    python -m bench.encode_batch --roi-image-size 0     # without the second (160 px) ROI pass of new CNN encoders
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,4,16,32")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--roi-image-size", type=int, default=None,
+                   help="side (px) of the ROI pass (0: none; default: the encoder's, 160 px)")
     args = p.parse_args()
 
     import torch
@@ -30,8 +33,9 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    print_machine({"bench": "encode_batch", "torch_threads": torch.get_num_threads()})
-    encoder = build_encoder("efficientnet-lite0")
+    encoder = build_encoder("efficientnet-lite0", roi_image_size=args.roi_image_size)
+    print_machine({"bench": "encode_batch", "torch_threads": torch.get_num_threads(),
+                   "roi_image_size": encoder.config.roi_image_size})
     rows = []
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         x = torch.randn(b, 3, 224, 224)

@@ -5,7 +5,8 @@ of 16 near duplicates (the photo, its 3 x 3 tiles, 4 overlapping corner crops, 2
 of 7 kinds (view, tile, partial, rotate, color, jpeg, stereo). Relevance follows from geometry (see that
 module). Three scorers over one backbone pass of the same encoder:
 
-- ``maxsim-10``: late interaction over the encoder's 2(R + 1) tokens (what regis indexes and ranks with);
+- ``maxsim-10``: late interaction over the encoder's 2(R + 1) tokens (what regis indexes and ranks with; for
+  new CNN encoders the ROI tokens come from a second pass at 160 px, ``EncoderConfig.roi_image_size``);
 - ``global``: the single global token (CLS, or a CNN's global average pool), cosine similarity;
 - ``dense``: late interaction over every patch token of the feature map (7 x 7 = 49 at 224 px), the
   all-patches reference, 5x more vectors per image than the 10 tokens.
@@ -17,8 +18,9 @@ Usage:
     python scripts/eval_hard_cases.py [--backbone efficientnet-lite0] [--repeats 3] [--seed 0]
         [--frame ...] [--image-size ...] [--roi-size ...] [--cue-method ...] [--cue-pooling ...] [--json OUT.json]
 
-    The encoder defaults (GeM pooling, N = 1 for CNNs) are the "after"; the "before" (mean pooling, N = 3):
-    python scripts/eval_hard_cases.py --roi-size 3 --cue-pooling mean
+    The encoder defaults (GeM pooling, N = 1, ROI tokens from a 160 px pass for CNNs) are the "after"; the
+    "before" (mean pooling, N = 3, one pass): python scripts/eval_hard_cases.py --roi-size 3 --cue-pooling mean
+    --roi-image-size 0; the defaults before the ROI pass: --roi-image-size 0
 """
 
 from __future__ import annotations
@@ -43,24 +45,30 @@ from regis.models.transforms import eval_transform
 from regis.scores.maxsim import maxsim_scores
 
 
-def backbone_pass(encoder: RegisEncoder, images: list[Image.Image], batch: int = 16):
-    """One backbone pass: (cues (n, R + 1, D), patches (n, P, D), grid) through the index's eval transform."""
+def backbone_pass(encoder: RegisEncoder, images: list[Image.Image], batch: int = 16, roi: bool = False):
+    """One backbone pass: (cues (n, R + 1, D), patches (n, P, D), grid) through the index's eval transform.
+
+    ``roi``: instead, the encoder's second, smaller pass for ROI tokens (``forward_roi_parts``), or None when
+    it has none."""
+    if roi and encoder.config.roi_image_size is None:
+        return None
     tf = eval_transform(encoder.config)
     cues, patches, grid = [], [], None
     with torch.inference_mode():
         for i in range(0, len(images), batch):
             x = torch.stack([tf(im) for im in images[i : i + batch]])
-            c, p, grid = encoder.forward_parts(x)
+            c, p, grid = encoder.forward_roi_parts(x) if roi else encoder.forward_parts(x)
             cues.append(c.float())
             patches.append(p.float())
     return torch.cat(cues), torch.cat(patches), grid
 
 
-def scorer_tokens(encoder: RegisEncoder, parts) -> dict[str, torch.Tensor]:
-    """The token sets the three scorers compare: name -> (n, T, D) unit-norm float32."""
+def scorer_tokens(encoder: RegisEncoder, parts, roi_parts=None) -> dict[str, torch.Tensor]:
+    """The token sets the three scorers compare: name -> (n, T, D) unit-norm float32 (``roi_parts``: the ROI
+    pass, ``backbone_pass(..., roi=True)``)."""
     cues, patches, grid = parts
     with torch.inference_mode():
-        tokens = encoder.readout(cues, patches, grid)
+        tokens = encoder.readout(cues, patches, grid, roi_parts=roi_parts)
     return {
         "maxsim-10": tokens,
         "global": tokens[:, :1],
@@ -97,8 +105,9 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
 
     ``known``: {scorer: metrics} already computed on the same backbone pass (the dense reference does not
     depend on the readout), not recomputed."""
-    g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, [it.image for it in hard.gallery]))
-    q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, [it.image for it in hard.queries]))
+    gi, qi = [it.image for it in hard.gallery], [it.image for it in hard.queries]
+    g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, gi), backbone_pass(encoder, gi, roi=True))
+    q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, qi), backbone_pass(encoder, qi, roi=True))
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
     table = {name: known[name] if name in known else kind_metrics(
@@ -136,6 +145,8 @@ def add_encoder_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--image-size", type=int, default=None)
     ap.add_argument("--frame", default=None, help="center-crop, squash or pad (default: the encoder's)")
     ap.add_argument("--cue-pooling", default=None, help="mean or gem (CNN; default: the encoder's)")
+    ap.add_argument("--roi-image-size", type=int, default=None,
+                    help="CNN: side (px) of the second pass the ROI tokens come from; 0: one pass")
 
 
 def main() -> int:
@@ -150,7 +161,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     encoder = build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                             cue_method=args.cue_method, image_size=args.image_size, frame=args.frame,
-                            cue_pooling=args.cue_pooling)
+                            cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size)
     t0 = time.perf_counter()
     hard, n_photos = load_hard_set(args.repeats, args.seed)
     result = evaluate(encoder, hard)

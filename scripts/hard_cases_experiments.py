@@ -2,7 +2,8 @@
 
 Two kinds of change: what the backbone sees (frame: centre crop / squash / pad, input size), which costs one
 backbone pass of the 715 images per setting (cached under ``--cache``), and how the tokens are read out of one
-pass (ROI window size, cue method, ...), which is cheap. Each row: the all-queries and per-kind Recall@1 of the
+pass (ROI window size, cue method, ...), which is cheap. All rows read the ROI tokens from the one pass
+(``roi_image_size=0``); the second ROI pass and the other readouts are in ``scripts/hard_cases_readouts.py``. Each row: the all-queries and per-kind Recall@1 of the
 10-token MaxSim, the global token and the dense all-patches reference, and mAP.
 
 Usage:
@@ -101,7 +102,7 @@ def main() -> int:
     for name, key, readout in ROWS:
         if args.only and key not in args.only:
             continue
-        encoder = build_encoder("efficientnet-lite0", **FRAMES[key], **readout)
+        encoder = build_encoder("efficientnet-lite0", **FRAMES[key], **readout, roi_image_size=0)
         g, q = cached_parts(encoder, hard, f"{key}-s{args.seed}-r{args.repeats}", args.cache)
         g, q = with_cues(encoder, g), with_cues(encoder, q)
         result = evaluate(encoder, hard, g, q, known={"dense": dense[key]} if key in dense else None)

@@ -81,6 +81,33 @@ def test_cnn_cue_methods_give_the_same_layout(method):
     assert enc.encode(torch.randn(1, 3, 224, 224)).shape == (1, 10, 1280)
 
 
+def test_cnn_roi_tokens_come_from_the_smaller_pass(lite0_encoder):
+    """New CNN encoders: cues from the 224 px pass, buddies and ROI tokens (N = 1: the buddy patch itself) from
+    the input resized to 160 px (a 5 x 5 map); ``roi_image_size=0`` reads everything from the one pass."""
+    x = torch.randn(2, 3, 224, 224)
+    tokens, buddies, grid = lite0_encoder.encode_with_buddies(x)
+    cues, _, main_grid = lite0_encoder.forward_parts(x)
+    small = F.interpolate(x, size=(160, 160), mode="bicubic", align_corners=False, antialias=True)
+    rcues, rpatches, rgrid = lite0_encoder.forward_parts(small)
+    assert (main_grid, rgrid, grid) == ((7, 7), (5, 5), (5, 5))
+    assert torch.equal(buddies, torch.einsum("bcd,bpd->bcp", rcues, rpatches).argmax(-1))
+    assert torch.allclose(tokens[:, :5], F.normalize(cues, dim=-1), atol=1e-5)
+    rois = rpatches[torch.arange(2)[:, None], buddies]
+    assert torch.allclose(tokens[:, 5:], F.normalize(rois, dim=-1), atol=1e-5)
+    one = build_encoder("efficientnet-lite0", roi_image_size=0)
+    assert one.config.roi_image_size is None and one.encode_with_buddies(x)[2] == (7, 7)
+    with pytest.raises(ConfigError, match="second pass"):
+        lite0_encoder.readout(*lite0_encoder.forward_parts(x))
+
+
+def test_roi_image_size_is_checked():
+    with pytest.raises(ConfigError, match="at least 32"):
+        build_encoder("efficientnet-lite0", random_init=True, roi_image_size=16)
+    with pytest.raises(ConfigError, match="CNN"):
+        build_encoder("vit-tiny-reg4-test", random_init=True, roi_image_size=160)
+    assert build_encoder("efficientnet-lite0", random_init=True, image_size=128).config.roi_image_size == 96
+
+
 def test_weights_file_round_trip_has_the_same_checksum(tmp_path, tiny_encoder):
     path = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in tiny_encoder.backbone.state_dict().items()}, str(path))

@@ -89,6 +89,34 @@ def test_defaults_tell_a_tile_from_its_photo(photos_dir, one_thread):
     assert scores.argmax(dim=1).tolist() == [0, 1 + 5]
 
 
+def partial_view(img: Image.Image, box: tuple[float, float, float, float], seed: int) -> Image.Image:
+    """The photo's region ``box`` (fractions of its sides), colour-jittered 10 %, JPEG q70, decoded."""
+    w, h = img.size
+    crop = img.crop((round(box[0] * w), round(box[1] * h), round(box[2] * w), round(box[3] * h)))
+    return decode_image(encode_jpeg(color_jitter(crop, np.random.default_rng(seed), 0.1), 70)).image
+
+
+# (photo, region of the partial view): on both, the one-pass readout (``roi_image_size=0``, the defaults before
+# the 160 px ROI pass) ranks one of the photo's own tiles first (checked by hand: build_encoder(...,
+# roi_image_size=0) in this test gives tiles 2 and 5)
+PARTIAL_VIEWS = [("sklearn-flower.jpg", (0.05, 0.05, 0.6, 0.65)), ("skimage-page.png", (0.25, 0.2, 0.85, 0.8))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("photo, box", PARTIAL_VIEWS)
+def test_defaults_find_the_photo_of_a_partial_view_not_its_tile(photos_dir, one_thread, lite0_encoder, photo, box):
+    """Gallery: a real photo and its 3 x 3 tiles. A partial view (a third of the photo, spanning several tiles)
+    finds the whole photo first with the default encoder, whose ROI tokens come from the 160 px pass: the
+    photo's patches at that scale match the zoomed-in view better than any one tile does."""
+    tf = eval_transform(lite0_encoder.config)
+    img = decode_image(photos_dir / photo).image
+    gallery = [img] + [img.crop(b) for b in tile_boxes(*img.size)]
+    g = lite0_encoder.encode(torch.stack([tf(im) for im in gallery]))
+    q = lite0_encoder.encode(tf(partial_view(img, box, 0))[None])
+    scores = maxsim_scores(q, g)[0]
+    assert int(scores.argmax()) == 0, scores.tolist()
+
+
 def test_gem_pooling_by_hand():
     from regis.models.cues import cnn_cues, gem_pool
 
@@ -108,10 +136,15 @@ def test_defaults_and_old_manifests(tiny_encoder, lite0_encoder):
     from regis.models.encoder import encoder_from_manifest
 
     assert (lite0_encoder.config.cue_pooling, lite0_encoder.config.roi_size) == ("gem", 1)
-    assert lite0_encoder.config.frame == "center-crop"
+    assert (lite0_encoder.config.frame, lite0_encoder.config.roi_image_size) == ("center-crop", 160)
     assert (tiny_encoder.config.cue_pooling, tiny_encoder.config.roi_size) == ("mean", 3)
-    old = lite0_encoder.config.model_dump(exclude={"cue_pooling", "frame"}) | {"roi_size": 3}
+    assert tiny_encoder.config.roi_image_size is None
+    old = lite0_encoder.config.model_dump(exclude={"cue_pooling", "frame", "roi_image_size"}) | {"roi_size": 3}
     config = EncoderConfig.model_validate(old)
-    assert (config.cue_pooling, config.frame) == ("mean", "center-crop")
+    assert (config.cue_pooling, config.frame, config.roi_image_size) == ("mean", "center-crop", None)
     rebuilt = encoder_from_manifest(config, lite0_encoder.weights_info)
     assert rebuilt.config == config
+    # an index of the previous defaults (GeM, N = 1, one pass) rebuilds as one pass too
+    one_pass = EncoderConfig.model_validate(lite0_encoder.config.model_dump(exclude={"roi_image_size"}))
+    assert encoder_from_manifest(one_pass, lite0_encoder.weights_info).forward_roi_parts(
+        torch.zeros(1, 3, 224, 224)) is None

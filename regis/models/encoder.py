@@ -8,6 +8,7 @@ With R = 4 that is 10 tokens. ``token_set`` selects a prefix of this layout for 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +36,11 @@ DEFAULT_CUE_METHOD = "grid"  # chosen by measurement: README, "Measured"
 # without these fields keeps the earlier behaviour (mean pooling; its stored roi_size).
 DEFAULT_CUE_POOLING = "gem"
 DEFAULT_CNN_ROI_SIZE = 1
+# New CNN encoders read their ROI tokens from a second backbone pass at 1/sqrt(2) of the input side (rounded to
+# the CNN's stride of 32: 224 -> 160 px, a 5 x 5 map); docs/RESULTS.md, "Hard cases". Manifests without the
+# field read their ROI tokens from the one pass, as before.
+DEFAULT_CNN_ROI_SCALE = 1 / math.sqrt(2)
+CNN_STRIDE = 32
 DEFAULT_ROI_SIZE = 3  # ViTs, as in METHODS.md
 FRAMES = ("center-crop", "squash", "pad")
 DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
@@ -55,6 +61,10 @@ class EncoderConfig(BaseModel):
         cue_pooling: CNN only: how the global token and the grid cells pool ("mean", "gem";
             ``regis.models.cues``). "mean" for ViTs and for indexes written before the field existed.
         image_size: square input side, pixels.
+        roi_image_size: CNN only: the side, pixels, of a second backbone pass (the input downscaled from
+            ``image_size``) that the buddy patches and ROI tokens are read from; the global and part tokens
+            come from the ``image_size`` pass. None: one pass for all tokens (ViTs, and every index written
+            before the field existed).
         resize_size: shorter side before the centre crop, pixels ("center-crop" frame only).
         frame: how an image becomes the square input (``regis.models.transforms``): "center-crop" (shorter
             side to ``resize_size``, then the central square: what indexes without this field used),
@@ -76,6 +86,7 @@ class EncoderConfig(BaseModel):
     cue_method: str | None = None
     cue_pooling: Literal["mean", "gem"] = "mean"
     image_size: int = 224
+    roi_image_size: int | None = None
     resize_size: int = 224
     frame: Literal["center-crop", "squash", "pad"] = "center-crop"
     interpolation: str = "bicubic"
@@ -173,15 +184,49 @@ class RegisEncoder(nn.Module):
             patch of each cue (row-major index on the grid; the ROI token of cue c is the N x N window centred
             there, ``regis.models.roi.window_bounds``), and the patch grid (h, w).
         """
-        cues, patches, grid = self.forward_parts(images)
-        buddies = buddy_patches(cues, patches)
-        return self.readout(cues, patches, grid), buddies, grid
+        parts = self.forward_parts(images)
+        roi_parts = self.forward_roi_parts(images)
+        rcues, rpatches, rgrid = roi_parts or parts
+        buddies = buddy_patches(rcues, rpatches)
+        return self.readout(*parts, roi_parts=roi_parts), buddies, rgrid
 
-    def readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def forward_roi_parts(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None:
+        """The second, smaller backbone pass the ROI tokens are read from (``config.roi_image_size``), or None
+        when the ROI tokens come from the main pass (no ``roi_image_size``, or no ROI tokens).
+
+        Args:
+            images: (B, 3, H, W) float, the ``image_size`` input; it is resized by
+                ``config.roi_image_size / config.image_size`` (bicubic, antialiased).
+
+        Returns:
+            ``forward_parts`` of the resized batch: cues (B, R + 1, D), patches (B, P', D), grid (h', w').
+        """
+        size = self.config.roi_image_size
+        if size is None or self.config.token_set != "cls+reg+roi":
+            return None
+        ratio = size / self.config.image_size
+        out = (max(1, round(images.shape[-2] * ratio)), max(1, round(images.shape[-1] * ratio)))
+        small = F.interpolate(images, size=out, mode="bicubic", align_corners=False, antialias=True)
+        return self.forward_parts(small)
+
+    def readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int],
+                roi_parts: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None) -> torch.Tensor:
         """``forward_parts``' output -> (B, T, D) unit-norm tokens: cues, then the ROI tokens (METHODS.md
-        section 1). Split from ``forward`` so that evaluations can score other readouts of one backbone pass."""
+        section 1). Split from ``forward`` so that evaluations can score other readouts of one backbone pass.
+
+        ``roi_parts``: ``forward_roi_parts``' output, where the ROI tokens come from (None: from ``cues`` and
+        ``patches``).
+
+        Raises:
+            ConfigError: the config reads ROI tokens from a second pass (``roi_image_size``) and none is given.
+        """
         if self.config.token_set == "cls+reg+roi":
-            tokens = torch.cat([cues, roi_tokens(cues, patches, grid, self.config.roi_size, self.config.border)], 1)
+            if roi_parts is None and self.config.roi_image_size is not None:
+                raise ConfigError("this encoder reads its ROI tokens from a second pass: pass roi_parts "
+                                  "(forward_roi_parts)")
+            rcues, rpatches, rgrid = roi_parts or (cues, patches, grid)
+            rois = roi_tokens(rcues, rpatches, rgrid, self.config.roi_size, self.config.border)
+            tokens = torch.cat([cues, rois.to(cues.dtype)], 1)
         else:
             tokens = cues[:, : self.config.tokens_per_image]
         return F.normalize(tokens.float(), dim=-1)
@@ -250,6 +295,7 @@ def build_encoder(
     image_size: int | None = None,
     frame: str | None = None,
     cue_pooling: str | None = None,
+    roi_image_size: int | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -266,6 +312,9 @@ def build_encoder(
             config's, else the registry's (224 for the real backbones).
         frame: "center-crop", "squash" or "pad" (``EncoderConfig.frame``); default: the stored run config's,
             else ``DEFAULT_FRAME``.
+        roi_image_size: CNN only: side (px) of the second pass the ROI tokens are read from
+            (``EncoderConfig.roi_image_size``); 0: one pass. Default: the stored run config's (a run without
+            the field: one pass), else ``default_roi_image_size(image_size)`` (224 -> 160 px).
 
     Returns:
         A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
@@ -303,6 +352,7 @@ def build_encoder(
     if size < 32:
         raise ConfigError(f"image size must be at least 32 px, got {size}")
     resize = size if image_size is not None else int(stored.get("resize_size", size))
+    roi_pass = _resolve_roi_image_size(roi_image_size, stored, spec.kind, size)
     model, source = _resolve_weights(spec, weights, random_init, seed, loaded)
     model.eval()
     cfg = getattr(model, "pretrained_cfg", None) or {}
@@ -328,6 +378,7 @@ def build_encoder(
         cue_pooling=(cue_pooling or stored.get("cue_pooling", "mean" if stored else DEFAULT_CUE_POOLING))
         if spec.kind == "cnn" else "mean",
         image_size=size,
+        roi_image_size=roi_pass,
         resize_size=resize,
         frame=frame or stored.get("frame", DEFAULT_FRAME),
         mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
@@ -335,6 +386,25 @@ def build_encoder(
     )
     info = WeightsInfo(source=source, sha256=state_dict_sha256(model))
     return RegisEncoder(model, spec, config, info).to(device).eval()
+
+
+def default_roi_image_size(image_size: int) -> int:
+    """The ROI pass of a new CNN encoder: ``image_size`` / sqrt(2) rounded to a multiple of 32 px (224 -> 160)."""
+    return max(CNN_STRIDE, CNN_STRIDE * round(image_size * DEFAULT_CNN_ROI_SCALE / CNN_STRIDE))
+
+
+def _resolve_roi_image_size(value: int | None, stored: dict, kind: str, image_size: int) -> int | None:
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or (value != 0 and value < CNN_STRIDE):
+            raise ConfigError(f"ROI image size must be 0 (one pass) or at least {CNN_STRIDE} px, got {value!r}")
+        if value and kind != "cnn":
+            raise ConfigError("a second ROI pass (roi_image_size) applies to CNN backbones only")
+        return value or None
+    if kind != "cnn":
+        return None
+    if stored:
+        return stored.get("roi_image_size")
+    return default_roi_image_size(image_size)
 
 
 def encoder_from_manifest(
@@ -367,6 +437,7 @@ def encoder_from_manifest(
     kwargs = dict(
         backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
         cue_method=config.cue_method, device=device, frame=config.frame, cue_pooling=config.cue_pooling,
+        roi_image_size=config.roi_image_size or 0,
     )
     if config.kind == "cnn":
         kwargs["image_size"] = config.image_size
