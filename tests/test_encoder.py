@@ -86,9 +86,10 @@ def test_cnn_roi_tokens_come_from_the_smaller_pass(lite0_encoder):
     the input resized to 160 px (a 5 x 5 map); ``roi_image_size=0`` reads everything from the one pass."""
     x = torch.randn(2, 3, 224, 224)
     tokens, buddies, grid = lite0_encoder.encode_with_buddies(x)
-    cues, _, main_grid = lite0_encoder.forward_parts(x)
-    small = F.interpolate(x, size=(160, 160), mode="bicubic", align_corners=False, antialias=True)
-    rcues, rpatches, rgrid = lite0_encoder.forward_parts(small)
+    with torch.inference_mode():
+        cues, _, main_grid = lite0_encoder.forward_parts(x)
+        small = F.interpolate(x, size=(160, 160), mode="bicubic", align_corners=False, antialias=True)
+        rcues, rpatches, rgrid = lite0_encoder.forward_parts(small)
     assert (main_grid, rgrid, grid) == ((7, 7), (5, 5), (5, 5))
     assert torch.equal(buddies, torch.einsum("bcd,bpd->bcp", rcues, rpatches).argmax(-1))
     assert torch.allclose(tokens[:, :5], F.normalize(cues, dim=-1), atol=1e-5)

@@ -40,7 +40,8 @@ class EncodedImage:
         buddies: (R + 1,) int64 buddy patches on ``grid`` (None: unknown, an image indexed without them).
         grid: (h, w) patch grid (None with unknown buddies).
         width, height: the image's full size after EXIF orientation, pixels.
-        patches: (h * w, D) float32 patch tokens (only when asked for), else None.
+        patches: (h * w, D) float32 patch tokens on ``grid`` (only when asked for), else None; for a CNN
+            with a ROI pass (``EncoderConfig.roi_image_size``), that pass's patches.
         timings_ms: {"decode": ms, "encode": ms}.
     """
 
@@ -72,7 +73,10 @@ def encode_image(engine, data: bytes, with_patches: bool = False) -> EncodedImag
     patches = None
     if with_patches:
         with torch.inference_mode():
-            patches = engine.encoder.forward_parts(pixels.to(tokens.device))[1][0].float().cpu().numpy()
+            # the pass the buddy patches are on (a CNN's smaller ROI pass, else the one pass): same grid
+            x = pixels.to(tokens.device)
+            parts = engine.encoder.forward_roi_parts(x) or engine.encoder.forward_parts(x)
+            patches = parts[1][0].float().cpu().numpy()
     t2 = time.perf_counter()
     return EncodedImage(tokens[0].float().cpu().numpy(), buddies[0].cpu().numpy(), (int(grid[0]), int(grid[1])),
                         decoded.width, decoded.height, patches,

@@ -114,10 +114,10 @@ def test_search_explain_more_like_this_and_errors(browser, server, query_file, t
         assert page.locator("#matchRows tr").count() == 10
         _screenshot(page.locator("#detail"), tmp_path / "explain.png")
 
-        # the heatmap of one ROI token over the result's 7 x 7 patches
+        # the heatmap of one ROI token over the result's 5 x 5 patches (the offline backbone's 160 px ROI pass)
         page.locator("#matchRows tr").nth(5).locator("button.heat").click()
         page.wait_for_selector("#rSvg g.heatmap rect")
-        assert page.locator("#rSvg g.heatmap rect").count() == 49
+        assert page.locator("#rSvg g.heatmap rect").count() == 25
         _screenshot(page.locator("#detail .pair"), tmp_path / "explain-heatmap.png")
 
         # more like this: the result becomes the query (searched by id, its stored tokens) and finds itself
