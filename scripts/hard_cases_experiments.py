@@ -3,8 +3,9 @@
 Two kinds of change: what the backbone sees (frame: centre crop / squash / pad, input size), which costs one
 backbone pass of the 715 images per setting (cached under ``--cache``), and how the tokens are read out of one
 pass (ROI window size, cue method, ...), which is cheap. All rows read the ROI tokens from the one pass
-(``roi_image_size=0``); the second ROI pass and the other readouts are in ``scripts/hard_cases_readouts.py``. Each row: the all-queries and per-kind Recall@1 of the
-10-token MaxSim, the global token and the dense all-patches reference, and mAP.
+(``roi_image_size=0``); the second ROI pass and the other readouts are in ``scripts/hard_cases_readouts.py``.
+Each row: the all-queries and per-kind Recall@1 of the 10-token MaxSim, the global token and the dense
+all-patches reference, and mAP.
 
 Usage:
     python scripts/hard_cases_experiments.py [--repeats 3] [--seed 0] [--cache /tmp/regis-hard-cache]
