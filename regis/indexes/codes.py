@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError
+from regis.indexes.npy import load_npy
 
 FLOAT16 = "float16"
 CODEC_FILE = "codec.faiss"
@@ -178,7 +179,7 @@ class CodeStore:
     def __init__(self, version_dir: Path, tokens_per_image: int, dim: int):
         self.codec = read_codec(Path(version_dir) / CODEC_FILE)
         try:
-            self.codes = np.load(Path(version_dir) / CODES_FILE, mmap_mode="r")
+            self.codes = load_npy(Path(version_dir) / CODES_FILE, mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise IndexFormatError(f"{Path(version_dir) / CODES_FILE} is missing or corrupt") from exc
         cs = code_size(self.codec)

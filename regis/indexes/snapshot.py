@@ -18,6 +18,7 @@ from regis.indexes.layout import (
     read_current,
 )
 from regis.indexes.manifest import Manifest, read_manifest
+from regis.indexes.npy import load_npy
 from regis.indexes.store import TokenStore
 from regis.indexes.table import ImageTable
 
@@ -72,7 +73,7 @@ class IndexSnapshot:
         vdir = index_dir / VERSIONS_DIR / name
         manifest = read_manifest(vdir)
         try:
-            locations = np.load(vdir / LOCATIONS_FILE)
+            locations = load_npy(vdir / LOCATIONS_FILE)
         except (OSError, ValueError) as exc:
             raise IndexFormatError(f"{vdir / LOCATIONS_FILE} is missing or corrupt") from exc
         store = TokenStore(
@@ -90,7 +91,7 @@ class IndexSnapshot:
         buddies = None
         if manifest.buddies is not None:
             try:
-                buddies = np.load(vdir / manifest.buddies.file)
+                buddies = load_npy(vdir / manifest.buddies.file)
             except (OSError, ValueError) as exc:
                 raise IndexFormatError(f"{vdir / manifest.buddies.file} is missing or corrupt") from exc
         return cls(index_dir, name, manifest, store, ImageTable(vdir / TABLE_FILE, readonly=True), index, codes,

@@ -50,6 +50,7 @@ from regis.indexes.layout import (
     write_bytes_atomic,
 )
 from regis.indexes.manifest import BuddyInfo, FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
+from regis.indexes.npy import load_npy
 from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
 from regis.indexes.table import ImageRecord, ImageTable
 from regis.indexes.weights_copy import store_weights
@@ -181,7 +182,7 @@ class IndexWriter:
         self.tmp_dir.mkdir()
         if base_dir is not None:
             shutil.copyfile(base_dir / TABLE_FILE, self.tmp_dir / TABLE_FILE)
-            self.locations = np.load(base_dir / LOCATIONS_FILE)
+            self.locations = load_npy(base_dir / LOCATIONS_FILE)
             self.segments = list(self.base.segments)
             self.next_id = self.base.next_id
         else:
@@ -205,7 +206,7 @@ class IndexWriter:
         if base_dir is None or self.base is None or self.base.buddies is None:
             return None, None
         try:
-            stored = np.load(base_dir / self.base.buddies.file)
+            stored = load_npy(base_dir / self.base.buddies.file)
         except (OSError, ValueError) as exc:
             raise IndexFormatError(f"{base_dir / self.base.buddies.file} is missing or corrupt") from exc
         out = np.full((len(self.locations), self.encoder.num_registers + 1), -1, dtype=np.int16)
@@ -451,7 +452,7 @@ class IndexWriter:
         reuse = self.base is not None and self.base.token_store.spec == spec and codes_path.is_file()
         if reuse:
             codec = token_codes.read_codec(self._base_dir / token_codes.CODEC_FILE)
-            base_codes = np.load(codes_path, mmap_mode="r")
+            base_codes = load_npy(codes_path, mmap_mode="r")
             todo = np.array(sorted(i for i in set(self._added) if self.locations[i, 0] >= 0), dtype=np.int64)
         else:
             rng = np.random.default_rng(0)
