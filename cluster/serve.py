@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -307,6 +308,14 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
                            ).bind(service, settings, encoder, *shards)
 
 
+def http_options(service: Settings, settings: RaySettings) -> dict:
+    """Ray Serve's HTTP proxy options: where it listens, and its idle keep-alive (``REGIS_KEEP_ALIVE_S``, whole
+    seconds rounded up, as for ``regis serve``: it must outlast every client's and proxy's idle timeout; older Ray
+    releases default to uvicorn's 5 s, the same as httpx's keep-alive expiry: docs/DEPLOY.md, fault 11)."""
+    return {"host": settings.http_host, "port": settings.http_port,
+            "keep_alive_timeout_s": math.ceil(service.keep_alive_s)}
+
+
 def start(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None) -> str:
     """Connect to Ray (``settings.address``), start Serve's HTTP proxy and deploy the application.
 
@@ -317,8 +326,7 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
 
     ray.init(address=settings.address, namespace=settings.namespace, ignore_reinit_error=True,
              log_to_driver=False)
-    serve.start(proxy_location=settings.proxy_location,
-                http_options={"host": settings.http_host, "port": settings.http_port})
+    serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings))
     serve.run(build_app(collection, service, settings, weights), name=settings.app_name, route_prefix="/")
     return f"http://{settings.http_host}:{settings.http_port}"
 
