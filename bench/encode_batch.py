@@ -1,11 +1,14 @@
 """Encoder throughput against batch size: what dynamic batching can gain at most on this machine.
 
 The offline EfficientNet-Lite0 encoder (224 px, the service's query encoder) runs ``--repeats`` forward passes
-of random (B, 3, 224, 224) inputs per batch size B after one warm-up pass; printed: ms per pass and images/s.
+of random (B, 3, 224, 224) inputs per batch size B and torch thread count after two warm-up passes, as built
+(``eager``) and as the service encodes queries (``folded``: ``regis.models.inference.inference_copy``, batch
+norm folded and channels-last); printed: the median ms per pass, ms per image and images/s, and the largest
+token difference between the two.
 
 Usage::
 
-    python -m bench.encode_batch --batch-sizes 1,4,16,32
+    python -m bench.encode_batch --batch-sizes 1,2,4,8,16 --threads 1,2
     python -m bench.encode_batch --roi-image-size 0     # without the second (160 px) ROI pass of new CNN encoders
 """
 
@@ -20,9 +23,10 @@ from bench.common import print_machine
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch-sizes", default="1,4,16,32")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16")
+    p.add_argument("--threads", default="1,2", help="torch intra-op thread counts to measure")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--variants", default="eager,folded")
     p.add_argument("--roi-image-size", type=int, default=None,
                    help="side (px) of the ROI pass (0: none; default: the encoder's, 160 px)")
     args = p.parse_args()
@@ -30,25 +34,36 @@ def main() -> None:
     import torch
 
     from regis.models.encoder import build_encoder
+    from regis.models.inference import inference_copy
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     encoder = build_encoder("efficientnet-lite0", roi_image_size=args.roi_image_size)
-    print_machine({"bench": "encode_batch", "torch_threads": torch.get_num_threads(),
+    print_machine({"bench": "encode_batch", "threads": args.threads, "variants": args.variants,
                    "roi_image_size": encoder.config.roi_image_size})
+    variants = {"eager": encoder, "folded": inference_copy(encoder)}
+    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    gap = float((variants["folded"].encode(x) - encoder.encode(x)).abs().max())
+    print("tokens max abs difference folded vs eager:", gap, flush=True)
     rows = []
-    for b in [int(x) for x in args.batch_sizes.split(",")]:
-        x = torch.randn(b, 3, 224, 224)
-        encoder.encode(x)  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(args.repeats):
-            encoder.encode(x)
-        dt = (time.perf_counter() - t0) / args.repeats
-        rows.append({"batch": b, "ms_per_pass": dt * 1e3, "images_per_s": b / dt})
-        print("row:", json.dumps(rows[-1]), flush=True)
-    print("\n| batch | ms per forward pass | images/s |\n|---|---|---|")
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        for name in args.variants.split(","):
+            for b in [int(x) for x in args.batch_sizes.split(",")]:
+                x = torch.randn(b, 3, 224, 224)
+                for _ in range(2):  # warm-up
+                    variants[name].encode(x)
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    variants[name].encode(x)
+                    times.append(time.perf_counter() - t0)
+                dt = sorted(times)[len(times) // 2]
+                rows.append({"threads": threads, "variant": name, "batch": b, "ms_per_pass": dt * 1e3,
+                             "ms_per_image": dt * 1e3 / b, "images_per_s": b / dt})
+                print("row:", json.dumps(rows[-1]), flush=True)
+    print("\n| torch threads | encoder | batch | ms per forward pass | ms per image | images/s |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['ms_per_pass']:.0f} | {r['images_per_s']:.1f} |")
+        print(f"| {r['threads']} | {r['variant']} | {r['batch']} | {r['ms_per_pass']:.1f} | {r['ms_per_image']:.1f} | "
+              f"{r['images_per_s']:.1f} |")
 
 
 if __name__ == "__main__":

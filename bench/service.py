@@ -16,10 +16,13 @@ without and with dynamic batching, side by side in one run.
    ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment per shard, the ingress).
    Every server is started first; then each concurrency level runs once per mode, one mode after the other
    (interleaved, so that a shared machine's changing load falls on every mode alike).
-3. Clients: ``c`` threads with one ``httpx.Client`` each, POST /v1/search with a 640 px JPEG from
-   ``bench.indexing``'s photo set, ``--requests`` requests in all per level (bounded); latency per request
-   (upload -> JSON parsed), throughput = requests / wall time. The server's own timings (decode, encode,
-   candidates, rerank) are averaged from the responses.
+3. Clients (``bench.loadgen``): ``c`` keep-alive connections on one asyncio event loop in this process, each
+   sending pre-built POST /v1/search requests (a 640 px JPEG from ``bench.indexing``'s photo set as multipart,
+   k = 10) one after the other, ``--requests`` requests in all per level (at least ``--min-requests-per-client``
+   per client); latency per request (request written -> response read), throughput = requests / wall time. The
+   client's own CPU share of the machine is printed (it shares the cores with the server), and for ``regis
+   serve`` the server process's CPU time per request. The server's own timings (decode, encode, candidates,
+   rerank) are averaged from the responses.
 
 Usage::
 
@@ -34,7 +37,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -105,40 +107,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_level(url: str, payloads: list[bytes], clients: int, total: int) -> dict:
-    """``total`` requests from ``clients`` threads; per-request latency and overall throughput."""
-    import httpx
+def run_level(url: str, payloads: list[bytes], clients: int, total: int, server_pids: list[int] | None = None
+              ) -> dict:
+    """``total`` requests from ``clients`` concurrent keep-alive connections (``bench.loadgen``); per-request
+    latency, overall throughput, the client's own CPU share of the machine and, given ``server_pids``, the
+    server's CPU time per request (ms)."""
+    from bench.loadgen import run_load
 
-    lat: list[float] = []
-    server: list[dict] = []
-    errors = []
-    lock = threading.Lock()
-    per = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
-
-    def worker(i: int) -> None:
-        with httpx.Client(timeout=300) as client:
-            for j in range(per[i]):
-                data = payloads[(i * 7 + j) % len(payloads)]
-                t0 = time.perf_counter()
-                r = client.post(url, files={"file": ("q.jpg", data, "image/jpeg")}, params={"k": 10})
-                dt = time.perf_counter() - t0
-                with lock:
-                    if r.status_code != 200:
-                        errors.append(r.status_code)
-                    else:
-                        lat.append(dt)
-                        server.append(r.json()["timings_ms"])
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    cpu0 = sum(process_cpu_s(p) for p in server_pids or [])
+    r = run_load(url + "?k=10", payloads, clients, total)
+    cpu1 = sum(process_cpu_s(p) for p in server_pids or [])
+    lat, server = r["latencies_s"], r["timings"]
     means = {f"server_{k}_ms": float(np.mean([s[k] for s in server])) for k in server[0]} if server else {}
-    return {"clients": clients, "requests": len(lat), "errors": len(errors), "throughput_qps": len(lat) / wall,
-            **latency_stats(lat), **means}
+    extra = {"server_cpu_ms_per_req": (cpu1 - cpu0) * 1e3 / len(lat)} if server_pids and lat else {}
+    return {"clients": clients, "requests": len(lat), "errors": len(r["errors"]),
+            "throughput_qps": len(lat) / r["wall_s"],
+            "client_cpu_share": r["client_cpu_s"] / (r["wall_s"] * (os.cpu_count() or 1)),
+            **latency_stats(lat), **extra, **means}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc/PID/stat``; 0 elsewhere)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
@@ -192,7 +186,7 @@ def start_ray(index, args):
         ray.init(address=cluster.address, namespace="regis-bench", log_to_driver=False)
         settings = RaySettings(http_port=free_port(), proxy_location="HeadOnly", encoder_num_cpus=1,
                                shard_num_cpus=0.25, ingress_num_cpus=0.25, app_name="regis-bench",
-                               max_batch_size=args.batch_max_size or 16,
+                               max_batch_size=args.batch_max_size or 4,
                                batch_wait_timeout_s=(args.batch_max_wait_ms or 5.0) / 1e3)
         base = start(collection, Settings(index_dir=collection), settings)
         deadline = time.monotonic() + 600
@@ -218,6 +212,8 @@ def mode_env(mode: str, args) -> dict:
             env["REGIS_BATCH_MAX_SIZE"] = str(args.batch_max_size)
         if args.batch_max_wait_ms is not None:
             env["REGIS_BATCH_MAX_WAIT_MS"] = str(args.batch_max_wait_ms)
+        if args.encode_workers:
+            env["REGIS_BATCH_ENCODE_WORKERS"] = str(args.encode_workers)
     else:
         raise SystemExit(f"unknown mode {mode!r} (unbatched, batched, ray)")
     return env
@@ -236,6 +232,9 @@ def main() -> None:
     p.add_argument("--ray-cpus", type=int, default=2, help="ray mode: logical CPUs of the local Ray node")
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
     p.add_argument("--batch-max-wait-ms", type=float, default=None, help="batched mode: REGIS_BATCH_MAX_WAIT_MS")
+    p.add_argument("--encode-workers", type=int, default=None, help="batched mode: REGIS_BATCH_ENCODE_WORKERS")
+    p.add_argument("--min-requests-per-client", type=int, default=1,
+                   help="requests per level at least this many times the clients (e.g. 2: 256 at 128 clients)")
     args = p.parse_args()
 
     from bench.indexing import JPEG_DIR, make_photos
@@ -250,6 +249,8 @@ def main() -> None:
     rows = []
     modes = args.modes.split(",")
     servers: dict[str, tuple] = {}
+    pids: dict[str, list[int]] = {}
+    print("loadavg before:", os.getloadavg(), flush=True)
     try:
         for mode in modes:
             if mode == "ray":
@@ -257,21 +258,26 @@ def main() -> None:
             else:
                 proc, base = start_server(index, mode_env(mode, args))
                 servers[mode] = (lambda proc=proc: (proc.terminate(), proc.wait(timeout=30)), base)
-            run_level(servers[mode][1] + "/v1/search", payloads, 1, 4)  # warm-up
+                pids[mode] = [proc.pid]
+            run_level(servers[mode][1] + "/v1/search", payloads, 2, 8)  # warm-up
         for c in [int(x) for x in args.clients.split(",")]:
             for mode in modes:
-                row = {"mode": mode, **run_level(servers[mode][1] + "/v1/search", payloads, c, max(args.requests, c))}
+                row = {"mode": mode, **run_level(servers[mode][1] + "/v1/search", payloads, c,
+                                                 max(args.requests, args.min_requests_per_client * c),
+                                                 pids.get(mode))}
                 rows.append(row)
                 print("row:", json.dumps(row), flush=True)
     finally:
         for stop, _ in servers.values():
             stop()
-    print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | server decode ms | "
-          "server encode ms | server candidates ms | server rerank ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("loadavg after:", os.getloadavg(), flush=True)
+    print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | client CPU % | server CPU ms/req "
+          "| server decode ms | server encode ms | server candidates ms | server rerank ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        cpu = f"{r['server_cpu_ms_per_req']:.1f}" if "server_cpu_ms_per_req" in r else "-"
         print(f"| {r['mode']} | {r['clients']} | {r['requests']} | {r['errors']} | {r.get('p50_ms', 0):.0f} | "
-              f"{r.get('p99_ms', 0):.0f} | {r['throughput_qps']:.1f} | "
+              f"{r.get('p99_ms', 0):.0f} | {r['throughput_qps']:.1f} | {100 * r['client_cpu_share']:.1f} | {cpu} | "
               f"{r.get('server_decode_ms', 0):.1f} | {r.get('server_encode_ms', 0):.1f} | "
               f"{r.get('server_candidates_ms', 0):.1f} | {r.get('server_rerank_ms', 0):.1f} |")
 

@@ -80,7 +80,8 @@ def _start(app: FastAPI, settings: Settings) -> None:
     if settings.batch_max_size > 1:
         from service.batched import BatchedSearch
 
-        app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms)
+        app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms,
+                                          settings.batch_encode_workers, settings.torch_threads)
     app.state.watcher = IndexWatcher(app.state.collections, settings.index_poll_s, settings.redis_url,
                                      names.index_updates).start()
 

@@ -3,11 +3,14 @@ decoded images of concurrent requests are encoded in one forward pass and their 
 batched search (``QueryEngine.search_tokens_batch``). Results equal the unbatched ``QueryEngine.search_bytes``
 (same ids and ranks; scores equal to float32 rounding of the batched forward pass).
 
-Settings: ``REGIS_BATCH_MAX_SIZE`` (1 turns batching off) and ``REGIS_BATCH_MAX_WAIT_MS``.
+Settings: ``REGIS_BATCH_MAX_SIZE`` (1 turns batching off), ``REGIS_BATCH_MAX_WAIT_MS`` and
+``REGIS_BATCH_ENCODE_WORKERS`` (forward passes at once, each in its own thread with ``REGIS_TORCH_THREADS``
+torch threads, default: the cores shared out between them).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 
@@ -18,12 +21,16 @@ from starlette.concurrency import run_in_threadpool
 from regis.retrieve.query import QueryEngine
 from service.batching import MicroBatcher
 
+# FAISS and torch threads of the batched search's worker: one, as the encoder threads take the cores (two
+# OpenMP teams spinning against the encoder's threads cost more than they save; BENCHMARKS.md section 6).
+SEARCH_THREADS = 1
+
 
 def _encode_batch(items: list[tuple[QueryEngine, torch.Tensor]]) -> list[np.ndarray]:
     """(engine, (3, H, W) pixels) items -> (T, D) tokens each; one forward pass per encoder and input size."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (engine, pixels) in enumerate(items):
-        groups[(id(engine.encoder), tuple(pixels.shape))].append(i)
+        groups[(id(engine.query_encoder), tuple(pixels.shape))].append(i)
     out: list = [None] * len(items)
     for members in groups.values():
         engine = items[members[0]][0]
@@ -43,7 +50,7 @@ def _search_batch(items: list[tuple[QueryEngine, np.ndarray, tuple]]) -> list[di
     for (_, (k, depth, mode, nprobe)), members in groups.items():
         engine = items[members[0]][0]
         results = engine.search_tokens_batch(np.stack([items[i][1] for i in members]), k=k, depth=depth, mode=mode,
-                                             nprobe=nprobe)
+                                             nprobe=nprobe, threads=SEARCH_THREADS)
         for result, i in zip(results, members, strict=True):
             out[i] = result
     return out
@@ -55,11 +62,17 @@ class BatchedSearch:
     Args:
         max_batch_size: requests per forward pass / batched search at most.
         max_wait_ms: how long a batch waits for more requests after its first one, ms.
+        encode_workers: forward passes running at once, each in its own thread.
+        torch_threads: torch intra-op threads of each encoder thread (None: the cores // ``encode_workers``).
     """
 
-    def __init__(self, max_batch_size: int = 16, max_wait_ms: float = 5.0):
-        self.encoder = MicroBatcher(_encode_batch, max_batch_size, max_wait_ms, name="regis-encode")
-        self.searcher = MicroBatcher(_search_batch, max_batch_size, max_wait_ms, name="regis-search")
+    def __init__(self, max_batch_size: int = 4, max_wait_ms: float = 5.0, encode_workers: int = 1,
+                 torch_threads: int | None = None):
+        threads = torch_threads or max(1, (os.cpu_count() or 1) // encode_workers)
+        self.encoder = MicroBatcher(_encode_batch, max_batch_size, max_wait_ms, name="regis-encode",
+                                    workers=encode_workers, thread_init=lambda: torch.set_num_threads(threads))
+        self.searcher = MicroBatcher(_search_batch, max_batch_size, max_wait_ms, name="regis-search",
+                                     thread_init=lambda: torch.set_num_threads(SEARCH_THREADS))
 
     async def search_bytes(self, engine: QueryEngine, data: bytes, k: int = 10, depth: int | None = None,
                            mode: str = "ann", nprobe: int | None = None) -> dict:

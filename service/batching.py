@@ -2,8 +2,10 @@
 
 The service's dynamic batching (``service.batched``) runs the encoder and the candidate search through two of
 these. A batch is formed from the first waiting item plus whatever else arrives within ``max_wait_ms`` (or is
-already queued), up to ``max_batch_size`` items; batches run one at a time in a dedicated worker thread (a
-second batch forms while the first runs, as in Triton's dynamic batcher), so the event loop never blocks.
+already queued), up to ``max_batch_size`` items; batches run in ``workers`` dedicated threads (one by default;
+the next batch forms while every worker is busy, as in Triton's dynamic batcher), so the event loop never
+blocks. ``thread_init`` runs once in each worker thread (the service sets each encoder thread's torch threads
+there: torch's and OpenMP's thread counts are per calling thread).
 
 Errors are per item: the batch function may return an exception in place of an item's result; when it raises
 for a whole batch of more than one item, each item is retried alone, so one bad item fails only its own
@@ -37,22 +39,28 @@ class MicroBatcher(Generic[T, R]):
         max_wait_ms: how long a batch waits for more items after its first one, ms (0: take only what is
             already queued).
         name: thread name prefix (logs, debugging).
+        workers: batches running at once, each in its own thread.
+        thread_init: called once in each worker thread before its first batch (None: nothing).
 
     Raises:
-        ConfigError: max_batch_size < 1 or max_wait_ms < 0.
+        ConfigError: max_batch_size < 1, max_wait_ms < 0 or workers < 1.
     """
 
     def __init__(self, fn: Callable[[list[T]], Sequence[R | BaseException]], max_batch_size: int = 16,
-                 max_wait_ms: float = 5.0, name: str = "batcher"):
+                 max_wait_ms: float = 5.0, name: str = "batcher", workers: int = 1,
+                 thread_init: Callable[[], object] | None = None):
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_ms < 0:
             raise ConfigError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
         self.fn = fn
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1e3
+        self.workers = workers
         self.batch_sizes: list[int] = []  # size of every batch run so far (tests, metrics)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, initializer=thread_init)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
@@ -111,28 +119,42 @@ class MicroBatcher(Generic[T, R]):
 
     async def _worker(self) -> None:
         queue = self._queue
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect(queue)
-            if not batch:
-                continue
-            self.batch_sizes.append(len(batch))
-            try:
-                results = await loop.run_in_executor(self._executor, self._run, [item for item, _ in batch])
-            except BaseException as exc:  # the loop is closing, or the executor is gone
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("batcher stopped"))
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for (_, fut), result in zip(batch, results, strict=True):
-                if fut.done():
+        slots = asyncio.Semaphore(self.workers)
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                await slots.acquire()  # a batch is collected only when a worker can take it at once
+                batch = await self._collect(queue)
+                if not batch:
+                    slots.release()
                     continue
-                if isinstance(result, BaseException):
-                    fut.set_exception(result)
-                else:
-                    fut.set_result(result)
+                self.batch_sizes.append(len(batch))
+                task = asyncio.get_running_loop().create_task(self._dispatch(batch))
+                running.add(task)
+                task.add_done_callback(lambda t: (running.discard(t), slots.release()))
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _dispatch(self, batch: list[tuple[T, asyncio.Future]]) -> None:
+        """Run one batch in a worker thread and hand each caller its result."""
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(self._executor, self._run, [item for item, _ in batch])
+        except BaseException as exc:  # the loop is closing, or the executor is gone
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("batcher stopped"))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for (_, fut), result in zip(batch, results, strict=True):
+            if fut.done():
+                continue
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
 
     def close(self) -> None:
         """Stop the worker and its thread (pending callers get an error)."""

@@ -64,8 +64,11 @@ class Settings(BaseSettings):
 
     Dynamic batching (``service.batched``):
         batch_max_size: concurrent requests encoded in one forward pass and searched in one batched search at
-            most (1: no batching, each request alone).
+            most (1: no batching, each request alone). 4 by default: on a CPU a bigger batch encodes slower per
+            image (the activations leave the cache; BENCHMARKS.md section 6); on a GPU raise it (32-256).
         batch_max_wait_ms: how long a batch waits for more requests after its first one, ms.
+        batch_encode_workers: batched forward passes running at once, each in its own thread with
+            ``torch_threads`` torch threads (unset: the cores shared out between the workers).
     """
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
@@ -105,8 +108,9 @@ class Settings(BaseSettings):
     lock_timeout_s: float = Field(default=300.0, ge=0)
     staging_grace_s: float = Field(default=600.0, ge=0)
     # dynamic batching
-    batch_max_size: int = Field(default=16, ge=1, le=1024)
+    batch_max_size: int = Field(default=4, ge=1, le=1024)
     batch_max_wait_ms: float = Field(default=5.0, ge=0, le=10_000)
+    batch_encode_workers: int = Field(default=1, ge=1, le=64)
 
     @field_validator("max_k")
     @classmethod

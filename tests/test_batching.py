@@ -72,11 +72,62 @@ def test_errors_reach_only_their_own_caller():
     batcher.close()
 
 
+def test_workers_run_batches_at_once_each_in_a_thread_set_up_by_thread_init():
+    barrier = threading.Barrier(2, timeout=10)  # only two batches running at the same time get past it
+    local = threading.local()
+    threads = set()
+
+    def setup():
+        local.ready = True
+
+    def fn(items):
+        threads.add(threading.get_ident())
+        if not getattr(local, "ready", False):
+            raise RuntimeError("thread_init did not run in this worker thread")
+        barrier.wait()
+        return _double(items)
+
+    batcher = MicroBatcher(fn, max_batch_size=2, max_wait_ms=0, workers=2, thread_init=setup)
+
+    async def main():
+        return await asyncio.gather(*(batcher.submit(i) for i in range(4)))
+
+    assert asyncio.run(main()) == [0, 2, 4, 6]
+    assert batcher.batch_sizes == [2, 2] and len(threads) == 2
+    batcher.close()
+
+
+def test_one_worker_forms_the_next_batch_while_the_first_runs():
+    started = threading.Event()
+    release = threading.Event()
+
+    def fn(items):
+        started.set()
+        release.wait(10)
+        return _double(items)
+
+    batcher = MicroBatcher(fn, max_batch_size=8, max_wait_ms=0, workers=1)
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 6)]  # queued while the worker is busy
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(first, *rest)
+
+    assert asyncio.run(main()) == [0, 2, 4, 6, 8, 10]
+    assert batcher.batch_sizes == [1, 5]
+    batcher.close()
+
+
 def test_bad_batcher_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="max_batch_size"):
         MicroBatcher(_double, max_batch_size=0)
     with pytest.raises(ConfigError, match="max_wait_ms"):
         MicroBatcher(_double, max_wait_ms=-1)
+    with pytest.raises(ConfigError, match="workers"):
+        MicroBatcher(_double, workers=0)
     with pytest.raises(ValueError, match="batch_max_size"):
         Settings(index_dir=tmp_path, batch_max_size=0)
 

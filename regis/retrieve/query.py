@@ -18,6 +18,7 @@ from regis.images.decode import DEFAULT_MAX_PIXELS, decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.weights_copy import stored_weights
 from regis.models.encoder import RegisEncoder, check_encoder_matches, encoder_from_manifest
+from regis.models.inference import inference_copy
 from regis.models.transforms import eval_transform
 from regis.retrieve.searcher import MAX_K, Mode, Searcher
 
@@ -30,15 +31,18 @@ class QueryEngine:
         snapshot: the index version to search.
         device: torch device for encoding and rerank.
         max_pixels: decompression-bomb limit for query images, pixels.
+        fast_encode: encode queries with ``regis.models.inference.inference_copy(encoder)`` (CNNs on CPU: batch
+            norm folded, channels-last; ~1.5x less CPU per query, same tokens to float32 rounding).
 
     Raises:
         IndexMismatchError: the encoder is not the index's.
     """
 
     def __init__(self, encoder: RegisEncoder, snapshot: IndexSnapshot, device: str = "cpu",
-                 max_pixels: int = DEFAULT_MAX_PIXELS):
+                 max_pixels: int = DEFAULT_MAX_PIXELS, fast_encode: bool = True):
         check_encoder_matches(encoder, snapshot.manifest.encoder, snapshot.manifest.weights)
         self.encoder = encoder
+        self.query_encoder = inference_copy(encoder) if fast_encode else encoder
         self.device = device
         self.max_pixels = max_pixels
         self.transform = eval_transform(encoder.config)
@@ -108,7 +112,7 @@ class QueryEngine:
         Returns:
             (B, T, D) float32 unit-norm query tokens.
         """
-        return self.encoder.encode(pixels).float().cpu().numpy()
+        return self.query_encoder.encode(pixels).float().cpu().numpy()
 
     def encode_bytes(self, data: bytes) -> tuple[np.ndarray, dict[str, float]]:
         """Decode and encode a query image.
@@ -121,7 +125,7 @@ class QueryEngine:
         """
         pixels, decode_ms = self.decode_bytes(data)
         t1 = time.perf_counter()
-        tokens = self.encoder.encode(pixels[None])[0].float().cpu().numpy()
+        tokens = self.query_encoder.encode(pixels[None])[0].float().cpu().numpy()
         t2 = time.perf_counter()
         return tokens, {"decode": decode_ms, "encode": (t2 - t1) * 1e3}
 
@@ -151,12 +155,14 @@ class QueryEngine:
         return _page(out, offset, score_threshold)
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                            nprobe: int | None = None, candidates: str | None = None, **extra) -> list[dict]:
+                            nprobe: int | None = None, candidates: str | None = None, threads: int | None = None,
+                            **extra) -> list[dict]:
         """``search_tokens`` of B queries with the same parameters; ANN mode goes through the batched search
         path (``Searcher.search_batch``: one FAISS call for every query's tokens), exact mode query by query.
 
         Args:
             tokens: (B, T, D) float32 unit-norm query tokens.
+            threads: FAISS threads of the batched search (None: the searcher's ``batch_threads``).
 
         Returns:
             B JSON-ready results, as ``search_tokens`` (candidate and rerank timings are the batch's, divided
@@ -170,7 +176,8 @@ class QueryEngine:
             return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra)
                     for q in tokens]
         if mode == "ann":
-            results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe, candidates=candidates)
+            results = searcher.search_batch(tokens, k=k, depth=depth, nprobe=nprobe, candidates=candidates,
+                                             threads=threads)
         else:
             results = [searcher.search(q, k=k, depth=depth, mode=mode, nprobe=nprobe) for q in tokens]
         return [self._result_json(searcher, r, k, depth, mode) for r in results]

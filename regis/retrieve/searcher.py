@@ -283,7 +283,7 @@ class Searcher:
 
     def search_batch(
         self, queries: np.ndarray, k: int = 10, depth: int | None = None, nprobe: int | None = None,
-        candidates: str | None = None,
+        candidates: str | None = None, threads: int | None = None,
     ) -> list[SearchResult]:
         """ANN search of many queries at once: one FAISS call for all their tokens (FAISS spreads it over its
         threads), then the per-query rerank. Same results as ``search`` query by query.
@@ -291,6 +291,8 @@ class Searcher:
         Args:
             queries: (B, m, D) float32 unit-norm query tokens.
             k, depth, nprobe, candidates: as ``search``.
+            threads: FAISS threads of this call (None: ``batch_threads``); the service's batched path passes 1,
+                as its encoder threads already take the cores.
 
         Returns:
             B ``SearchResult``; timings are the batch's, divided evenly.
@@ -304,17 +306,18 @@ class Searcher:
         depth = depth or self.default_depth
         method = cands.check_method(candidates or self.candidate_method)
         b, m, _ = queries.shape
+        threads = threads or self.batch_threads
         for q in queries[:1]:
             self._check_query(q, k, depth)
         t0 = time.perf_counter()
-        sims, token_ids = self._neighbours(queries.reshape(b * m, -1), depth, nprobe, self.batch_threads)
+        sims, token_ids = self._neighbours(queries.reshape(b * m, -1), depth, nprobe, threads)
         t1 = time.perf_counter()
         out = []
         for i in range(b):
             rows = slice(i * m, (i + 1) * m)
             q_sims, q_ids, _ = self._enough_neighbours(queries[i], sims[rows], token_ids[rows], k, depth, nprobe,
-                                                       self.batch_threads)
-            ids, scores, n, _, _ = self._ann(queries[i], q_sims, q_ids, k, nprobe, method, self.batch_threads)
+                                                       threads)
+            ids, scores, n, _, _ = self._ann(queries[i], q_sims, q_ids, k, nprobe, method, threads)
             out.append(SearchResult(ids, scores, n, depth=depth))
         t2 = time.perf_counter()
         for r in out:
