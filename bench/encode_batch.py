@@ -60,7 +60,8 @@ def main() -> None:
                 rows.append({"threads": threads, "variant": name, "batch": b, "ms_per_pass": dt * 1e3,
                              "ms_per_image": dt * 1e3 / b, "images_per_s": b / dt})
                 print("row:", json.dumps(rows[-1]), flush=True)
-    print("\n| torch threads | encoder | batch | ms per forward pass | ms per image | images/s |\n|---|---|---|---|---|---|")
+    print("\n| torch threads | encoder | batch | ms per forward pass | ms per image | images/s |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['threads']} | {r['variant']} | {r['batch']} | {r['ms_per_pass']:.1f} | {r['ms_per_image']:.1f} | "
               f"{r['images_per_s']:.1f} |")

@@ -95,8 +95,8 @@ def run_load(url: str, payloads: list[bytes], clients: int, total: int) -> dict:
     outs: list[list] = [[] for _ in range(clients)]
 
     async def main() -> list:
-        return await asyncio.gather(*(_client(parts.hostname, parts.port, q, o) for q, o in zip(queues, outs)),
-                                    return_exceptions=True)
+        clients_ = (_client(parts.hostname, parts.port, q, o) for q, o in zip(queues, outs, strict=True))
+        return await asyncio.gather(*clients_, return_exceptions=True)
 
     cpu0, t0 = time.process_time(), time.perf_counter()
     failures = asyncio.run(main())

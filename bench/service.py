@@ -271,8 +271,8 @@ def main() -> None:
         for stop, _ in servers.values():
             stop()
     print("loadavg after:", os.getloadavg(), flush=True)
-    print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | client CPU % | server CPU ms/req "
-          "| server decode ms | server encode ms | server candidates ms | server rerank ms |")
+    print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | client CPU % | "
+          "server CPU ms/req | server decode ms | server encode ms | server candidates ms | server rerank ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cpu = f"{r['server_cpu_ms_per_req']:.1f}" if "server_cpu_ms_per_req" in r else "-"

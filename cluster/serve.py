@@ -69,10 +69,12 @@ class Encoder:
         import torch
 
         from regis.models.encoder import encoder_from_manifest
+        from regis.models.inference import inference_copy
 
         m = collection_manifest(collection)
         device = "cuda" if settings.encoder_num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        self.encoder = encoder_from_manifest(m.encoder, m.weights, weights, device)
+        # CPU: the folded, channels-last copy `regis serve` encodes queries with (same tokens, ~1.5x less CPU)
+        self.encoder = inference_copy(encoder_from_manifest(m.encoder, m.weights, weights, device))
         self.encode.set_max_batch_size(settings.max_batch_size)
         self.encode.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
         self.batch_sizes: list[int] = []

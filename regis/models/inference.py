@@ -9,6 +9,7 @@ are what index manifests record); the copy only answers ``encode`` / ``forward``
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import weakref
 
@@ -34,7 +35,7 @@ def fold_batchnorm(module: nn.Module) -> int:
     folded = 0
     for parent in list(module.modules()):
         kids = list(parent.named_children())
-        for (_, conv), (name, bn) in zip(kids, kids[1:]):
+        for (_, conv), (name, bn) in itertools.pairwise(kids):
             if not (isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d) and bn.running_var is not None
                     and bn.num_features == conv.out_channels):
                 continue
