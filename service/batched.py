@@ -21,8 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from regis.retrieve.query import QueryEngine
 from service.batching import MicroBatcher
 
-# FAISS and torch threads of the batched search's worker: one, as the encoder threads take the cores (two
-# OpenMP teams spinning against the encoder's threads cost more than they save; BENCHMARKS.md section 6).
+# FAISS threads of the batched search: one, as the encoder threads take the cores (two OpenMP teams spinning
+# against the encoder's threads cost more than they save; BENCHMARKS.md section 6). Not torch.set_num_threads
+# in that thread: it also sets torch's process-wide default, which the encoder threads would then pick up.
 SEARCH_THREADS = 1
 
 
@@ -71,24 +72,38 @@ class BatchedSearch:
         threads = torch_threads or max(1, (os.cpu_count() or 1) // encode_workers)
         self.encoder = MicroBatcher(_encode_batch, max_batch_size, max_wait_ms, name="regis-encode",
                                     workers=encode_workers, thread_init=lambda: torch.set_num_threads(threads))
-        self.searcher = MicroBatcher(_search_batch, max_batch_size, max_wait_ms, name="regis-search",
-                                     thread_init=lambda: torch.set_num_threads(SEARCH_THREADS))
+        self.searcher = MicroBatcher(_search_batch, max_batch_size, max_wait_ms, name="regis-search")
+        self.in_flight = 0  # searches between entry and result
+        self.alone = 0  # searches that found no other in flight and skipped the batchers (tests, metrics)
 
     async def search_bytes(self, engine: QueryEngine, data: bytes, k: int = 10, depth: int | None = None,
                            mode: str = "ann", nprobe: int | None = None) -> dict:
         """``engine.search_bytes`` through the batchers; same result format. ``timings_ms.encode`` and the search
-        timings include the time spent waiting for the batch (ms).
+        timings include the time spent waiting for the batch (ms). A search with no other in flight once its image
+        is decoded skips the batchers (nothing to batch with; on the 2-core CPU the direct path answered a lone
+        client faster, BENCHMARKS.md section 6).
 
         Raises:
             ImageDecodeError: bad image bytes (this request only).
             ConfigError: bad parameters.
         """
         t0 = time.perf_counter()
-        pixels, decode_ms = await run_in_threadpool(engine.decode_bytes, data)
-        t1 = time.perf_counter()
-        tokens = await self.encoder.submit((engine, pixels))
-        t2 = time.perf_counter()
-        result = await self.searcher.submit((engine, tokens, (k, depth, mode, nprobe)))
+        self.in_flight += 1
+        try:
+            pixels, decode_ms = await run_in_threadpool(engine.decode_bytes, data)
+            t1 = time.perf_counter()
+            if self.in_flight == 1:
+                self.alone += 1
+                tokens = (await run_in_threadpool(engine.encode_pixels, pixels[None]))[0]
+                t2 = time.perf_counter()
+                result = await run_in_threadpool(engine.search_tokens, tokens, k=k, depth=depth, mode=mode,
+                                                 nprobe=nprobe)
+            else:
+                tokens = await self.encoder.submit((engine, pixels))
+                t2 = time.perf_counter()
+                result = await self.searcher.submit((engine, tokens, (k, depth, mode, nprobe)))
+        finally:
+            self.in_flight -= 1
         t3 = time.perf_counter()
         result["timings_ms"] = {"decode": decode_ms, "encode": (t2 - t1) * 1e3, **result["timings_ms"],
                                 "total": (t3 - t0) * 1e3}

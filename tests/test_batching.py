@@ -167,8 +167,10 @@ def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, o
                                        rtol=0, atol=1e-4)
             assert got["num_candidates"] == want["num_candidates"] and got["depth"] == want["depth"]
             assert got["results"][0]["path"] == photo.name  # the photo itself is its own best match
-        # exact mode goes through the batcher too, query by query in the search batch
+        assert app.state.batched.alone == 0
+        # a search alone in flight skips the batchers, same result
         exact = client.post("/v1/search", files={"file": ("q.jpg", photos[0].read_bytes(), "image/jpeg")},
                             params={"k": 3, "mode": "exact"}).json()
         want = engine.search_bytes(photos[0].read_bytes(), k=3, mode="exact")
         assert [h["id"] for h in exact["results"]] == [h["id"] for h in want["results"]]
+        assert app.state.batched.alone == 1 and app.state.batched.encoder.batch_sizes == [5]
