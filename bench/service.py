@@ -77,10 +77,11 @@ def build_synthetic_index(n_db: int, seed: int = 0):
     from regis.indexes.writer import IndexWriter
     from regis.models.encoder import build_encoder
 
-    path = DATA_DIR / "idx" / f"serve-synth-lite0-{n_db}"
+    enc = build_encoder("efficientnet-lite0")
+    roi = enc.config.roi_image_size  # the default encoder's second (ROI) pass: part of the work per query
+    path = DATA_DIR / "idx" / (f"serve-synth-lite0-{n_db}" + (f"-roi{roi}" if roi else ""))
     if (path / "CURRENT").exists():
         return path
-    enc = build_encoder("efficientnet-lite0")
     t_per, dim = enc.config.tokens_per_image, enc.config.dim
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((max(16, n_db // 10), dim)).astype(np.float32)
