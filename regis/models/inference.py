@@ -65,9 +65,10 @@ class _ChannelsLast(nn.Module):
 
 def inference_copy(encoder):
     """A copy of a CNN ``RegisEncoder`` on CPU with batch norm folded (``fold_batchnorm``) and channels-last
-    convolutions, for query encoding; cached per encoder. Any other encoder (ViT, CUDA, training mode) is
-    returned as it is, and so is a CNN whose copy does not give the same tokens (checked on a random
-    (1, 3, S, S) input: max abs difference <= ``MAX_ABS_DIFF``; a warning is logged).
+    convolutions, for query encoding; cached per encoder. Any other encoder (ViT, CUDA, training mode, an
+    object that is not a torch module such as a remote encoder) is returned as it is, and so is a CNN whose copy
+    does not give the same tokens (checked on a random (1, 3, S, S) input: max abs difference <=
+    ``MAX_ABS_DIFF``; a warning is logged).
 
     Args:
         encoder: a ``regis.models.encoder.RegisEncoder`` in eval mode.
@@ -75,7 +76,8 @@ def inference_copy(encoder):
     Returns:
         An encoder with the same ``config``, ``weights_info`` and ``encode`` outputs (float32 rounding aside).
     """
-    if encoder.config.kind != "cnn" or encoder.training or next(encoder.parameters()).device.type != "cpu":
+    if (not isinstance(encoder, nn.Module) or encoder.config.kind != "cnn" or encoder.training
+            or next(encoder.parameters()).device.type != "cpu"):
         return encoder
     cached = _copies.get(encoder)
     if cached is not None:

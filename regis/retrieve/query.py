@@ -42,7 +42,7 @@ class QueryEngine:
                  max_pixels: int = DEFAULT_MAX_PIXELS, fast_encode: bool = True):
         check_encoder_matches(encoder, snapshot.manifest.encoder, snapshot.manifest.weights)
         self.encoder = encoder
-        self.query_encoder = inference_copy(encoder) if fast_encode else encoder
+        self.fast_encode = fast_encode
         self.device = device
         self.max_pixels = max_pixels
         self.transform = eval_transform(encoder.config)
@@ -72,6 +72,14 @@ class QueryEngine:
         except BaseException:
             snapshot.close()
             raise
+
+    fast_encode = True  # subclasses that do not call __init__ (ShardedQueryEngine) get the default
+
+    @property
+    def query_encoder(self):
+        """The encoder queries are encoded with: ``inference_copy(self.encoder)`` (made once per encoder) when
+        ``fast_encode``, else the encoder itself."""
+        return inference_copy(self.encoder) if self.fast_encode else self.encoder
 
     @property
     def snapshot(self) -> IndexSnapshot:

@@ -307,8 +307,10 @@ class ShardedQueryEngine(QueryEngine):
         return _page(out, offset, score_threshold)
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                            nprobe: int | None = None, candidates: str | None = None, **extra) -> list[dict]:
-        """``search_tokens`` of each of the B queries (B, T, D) float32 (every query fans out on its own)."""
+                            nprobe: int | None = None, candidates: str | None = None, threads: int | None = None,
+                            **extra) -> list[dict]:
+        """``search_tokens`` of each of the B queries (B, T, D) float32 (every query fans out on its own;
+        ``threads``, the FAISS threads of ``QueryEngine.search_tokens_batch``, is the shards' own business)."""
         return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra)
                 for q in tokens]
 
