@@ -5,7 +5,7 @@ Two methods, named in the index manifest (``FaissInfo.candidates``) and selectab
 - ``"depth"`` (regis before issue 15): the images owning each query token's ``depth`` nearest token vectors.
   When more than ``depth`` images hold a near-identical token (a white background, sky, a watermark, register
   tokens), the neighbour list *saturates*: it keeps an arbitrary ``depth`` of them and the others are never
-  scored, so recall@10 of the exact ranking falls (0.54 at depth 64 with ~250 images per shared token,
+  scored, so recall@10 of the exact ranking falls (0.51 at depth 64 with ~250 images per shared token,
   BENCHMARKS.md).
 - ``"bounded"`` (default): the same first round, then a bound decides whether any image not yet scored could
   still enter the top k, and fetches exactly the tokens that could put one there. With ``t_i`` the similarity
