@@ -189,6 +189,7 @@ def start_ray(index, args):
                                shard_num_cpus=0.25, ingress_num_cpus=0.25, app_name="regis-bench",
                                max_batch_size=args.batch_max_size or 4,
                                batch_wait_timeout_s=(args.batch_max_wait_ms or 5.0) / 1e3)
+        print("ray settings:", settings.model_dump_json(), flush=True)  # batch, CPUs, max_ongoing_requests
         base = start(collection, Settings(index_dir=collection), settings)
         deadline = time.monotonic() + 600
         while httpx.get(base + "/readyz", timeout=30).status_code != 200:

@@ -3,11 +3,14 @@
 Deployments:
 
 - ``Encoder``: the collection's encoder; ``@serve.batch`` groups concurrent queries into one forward pass (CUDA
-  in bf16 when the replica has a GPU). Replicas: ``REGIS_RAY_ENCODER_REPLICAS``.
+  in bf16 when the replica has a GPU). Replicas: ``REGIS_RAY_ENCODER_REPLICAS``. The decorators' batch size and
+  wait below are replaced at start-up by ``REGIS_RAY_MAX_BATCH_SIZE`` / ``REGIS_RAY_BATCH_WAIT_TIMEOUT_S``.
 - ``Shard`` (one deployment per shard, ``shard-000`` ...): the shard's live index version
   (``regis.sharding.engine.LiveShard``: a new version is swapped in when the shard's CURRENT changes);
   ``@serve.batch`` runs concurrent queries with the same parameters as one batched search. Replicas:
   ``REGIS_RAY_SHARD_REPLICAS``.
+- Requests in flight per replica: ``REGIS_RAY_{INGRESS,ENCODER,SHARD}_MAX_ONGOING_REQUESTS`` (Ray Serve's
+  ``max_ongoing_requests``; docs/SCALE.md).
 - ``Ingress``: the FastAPI app of ``regis serve`` itself (``service.app.create_app``: the same routes,
   parameters, errors, /docs, /metrics), started with a ``ShardedQueryEngine`` whose encoder is the ``Encoder``
   deployment (``RemoteEncoder``) and whose shards are the shard deployments (``RayShard``). The upload is decoded
@@ -290,7 +293,8 @@ class Ingress:
 
 
 def build_app(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None):
-    """The Serve application: ``Ingress`` bound to the encoder and one deployment per shard.
+    """The Serve application: ``Ingress`` bound to the encoder and one deployment per shard, each with its
+    replicas, CPUs (GPUs) and ``max_ongoing_requests`` from ``settings`` (never Ray's default of 5 in flight).
 
     Raises:
         IndexFormatError: ``collection`` is not a sharded collection.
@@ -299,13 +303,16 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
     layout = read_layout(collection)
     gpus = {"num_gpus": settings.encoder_num_gpus} if settings.encoder_num_gpus else {}
     encoder = Encoder.options(num_replicas=settings.encoder_replicas,
+                              max_ongoing_requests=settings.encoder_max_ongoing_requests,
                               ray_actor_options={"num_cpus": settings.encoder_num_cpus, **gpus}
                               ).bind(collection, settings, weights)
     shards = [Shard.options(name=f"shard-{s:03d}", num_replicas=settings.shard_replicas,
+                            max_ongoing_requests=settings.shard_max_ongoing_requests,
                             ray_actor_options={"num_cpus": settings.shard_num_cpus}).bind(collection, s, settings)
               for s in range(layout["num_shards"])]
     service = service.model_copy(update={"index_dir": Path(collection)})
     return Ingress.options(num_replicas=settings.ingress_replicas,
+                           max_ongoing_requests=settings.ingress_max_ongoing_requests,
                            ray_actor_options={"num_cpus": settings.ingress_num_cpus}
                            ).bind(service, settings, encoder, *shards)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -27,6 +27,12 @@ class RaySettings(BaseSettings):
         shard_replicas: replicas of each shard deployment.
         shard_num_cpus: CPUs per shard replica.
         ingress_replicas, ingress_num_cpus: the REST ingress.
+        ingress_max_ongoing_requests, encoder_max_ongoing_requests, shard_max_ongoing_requests: Ray Serve's
+            ``max_ongoing_requests`` of each replica of the ingress, the encoder and each shard deployment: requests
+            a replica runs at once; more wait in front of it in Ray's proxy / request router (Ray's own default, 5,
+            let 8 clients saturate the one ingress: BENCHMARKS.md section 6). Each is at least ``max_batch_size``
+            (else a ``@serve.batch`` could never fill); every query admitted by the ingress makes one encoder call
+            and one search call per shard, so the defaults admit downstream what the ingress admits.
         shard_timeout_s: a shard that has not answered after this many seconds counts as missing.
         encoder_timeout_s: an encode that takes longer fails the request with 503, seconds.
         on_missing_shards: "error": answer 503 ``shards_unavailable`` when a shard is missing (never a silently
@@ -56,6 +62,9 @@ class RaySettings(BaseSettings):
     shard_num_cpus: float = Field(default=0.5, ge=0, le=256)
     ingress_replicas: int = Field(default=1, ge=1, le=1024)
     ingress_num_cpus: float = Field(default=0.25, ge=0, le=256)
+    ingress_max_ongoing_requests: int = Field(default=64, ge=1, le=100_000)
+    encoder_max_ongoing_requests: int = Field(default=64, ge=1, le=100_000)
+    shard_max_ongoing_requests: int = Field(default=64, ge=1, le=100_000)
     shard_timeout_s: float = Field(default=5.0, gt=0, le=600)
     encoder_timeout_s: float = Field(default=30.0, gt=0, le=600)
     on_missing_shards: Literal["error", "partial"] = "error"
@@ -68,3 +77,12 @@ class RaySettings(BaseSettings):
     @classmethod
     def _empty_address(cls, v: object) -> object:
         return v or None  # REGIS_RAY_ADDRESS= (empty): a local Ray of this process
+
+    @model_validator(mode="after")
+    def _batches_can_fill(self) -> RaySettings:
+        for name in ("ingress_max_ongoing_requests", "encoder_max_ongoing_requests", "shard_max_ongoing_requests"):
+            if getattr(self, name) < self.max_batch_size:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be at least max_batch_size "
+                                 f"({self.max_batch_size}), else a @serve.batch never fills; raise "
+                                 f"REGIS_RAY_{name.upper()} or lower REGIS_RAY_MAX_BATCH_SIZE")
+        return self

@@ -40,3 +40,43 @@ def test_the_rayservice_proxy_keeps_idle_connections_as_long_as_regis_serve():
     service = yaml.safe_load((Path(__file__).parents[2] / "docker/ray/rayservice.yaml").read_text())
     config = ServeDeploySchema(**yaml.safe_load(service["spec"]["serveConfigV2"]))  # Ray's own validation
     assert config.http_options.keep_alive_timeout_s == Settings.model_fields["keep_alive_s"].default == 75
+
+
+def test_every_deployment_gets_its_max_ongoing_requests_from_the_settings(tmp_path, monkeypatch):
+    """Ray's own default (5 in flight per replica) queued requests in front of the one ingress from 8 clients on
+    (BENCHMARKS.md section 6); the settings' values must reach the deployments Ray Serve builds."""
+    from ray.serve._private.build_app import build_app as ray_build_app  # what serve.run builds the app with
+    from ray.serve._private.constants import DEFAULT_MAX_ONGOING_REQUESTS
+
+    monkeypatch.setattr(cluster.serve, "read_layout", lambda collection: {"num_shards": 2})
+    settings = RaySettings(ingress_max_ongoing_requests=96, encoder_max_ongoing_requests=48,
+                           shard_max_ongoing_requests=80)
+    app = cluster.serve.build_app(tmp_path, Settings(index_dir=tmp_path), settings)
+    built = ray_build_app(app, name="regis-test")
+
+    got = {d.name: d.max_ongoing_requests for d in built.deployments}
+    assert got == {"Ingress": 96, "Encoder": 48, "shard-000": 80, "shard-001": 80}
+    assert built.ingress_deployment_name == "Ingress"
+    defaults = RaySettings()
+    assert min(defaults.ingress_max_ongoing_requests, defaults.encoder_max_ongoing_requests,
+               defaults.shard_max_ongoing_requests) >= 2 * defaults.max_batch_size > DEFAULT_MAX_ONGOING_REQUESTS
+
+
+@pytest.mark.parametrize("name", ["ingress_max_ongoing_requests", "encoder_max_ongoing_requests",
+                                  "shard_max_ongoing_requests"])
+def test_a_replica_that_could_never_fill_a_batch_is_refused(name):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=f"{name} \\(8\\) must be at least max_batch_size \\(16\\)"):
+        RaySettings(max_batch_size=16, **{name: 8})
+
+
+def test_the_rayservice_settings_are_valid_ray_settings(monkeypatch):
+    import yaml
+
+    service = yaml.safe_load((Path(__file__).parents[2] / "docker/ray/rayservice.yaml").read_text())
+    app = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]
+    for name, value in app["runtime_env"]["env_vars"].items():
+        monkeypatch.setenv(name, value)
+    settings = RaySettings()  # refused if the GPU batch size outgrows what a replica admits
+    assert settings.encoder_max_ongoing_requests >= 2 * settings.max_batch_size == 128
