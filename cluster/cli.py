@@ -47,7 +47,7 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     existing = shard_dir(collection, 0) if is_sharded(collection) else None
     o = encoder_options
     encoder = encoder_for(existing, o["backbone"], o["weights"], o["random_init"], o["roi_size"], o["cue_method"],
-                          o["device"])
+                          o["device"], o.get("roi_image_size"))
     settings = RaySettings(build_batch_size=batch_size)
     report = build_ray(images_dir, collection, encoder, num_shards, settings,
                        weights=str(o["weights"]) if o["weights"] else None, **index_options)

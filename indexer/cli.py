@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import Backbone, CollectionsRootOpt, CueMethod, Device, RandomInit, RoiSize, Weights
+from regis.cli.options import (
+    Backbone,
+    CollectionsRootOpt,
+    CueMethod,
+    Device,
+    RandomInit,
+    RoiImageSize,
+    RoiSize,
+    Weights,
+)
 
 app = typer.Typer(help="Build and inspect indexes.", no_args_is_help=True)
 
@@ -34,6 +43,7 @@ def build(
     random_init: RandomInit = False,
     roi_size: RoiSize = None,
     cue_method: CueMethod = None,
+    roi_image_size: RoiImageSize = None,
     device: Device = "cpu",
     faiss_index: Annotated[
         str | None, typer.Option("--faiss-index", help="FAISS factory spec (e.g. Flat, IVF1024,SQ8); default by size.")
@@ -83,14 +93,15 @@ def build(
         from cluster.cli import build_ray_cli
 
         build_ray_cli(images_dir, index, shards, dict(backbone=backbone, weights=weights, random_init=random_init,
-                                                      roi_size=roi_size, cue_method=cue_method, device=device),
+                                                      roi_size=roi_size, cue_method=cue_method, device=device,
+                                                      roi_image_size=roi_image_size),
                       dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store,
                            metadata=rows),
                       batch_size, as_json)
         return
     from indexer.build import BuildOptions, build_index
 
-    encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device)
+    encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device, roi_image_size)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
                            candidates=candidates,

@@ -59,3 +59,24 @@ def test_info_and_backbones(cli_index):
     manifest = json.loads(regis("index", "info", cli_index).stdout)
     assert manifest["encoder"]["backbone"] == "vit-tiny-reg4-test" and manifest["tokens_per_image"] == 10
     assert "efficientnet-lite0" in regis("backbones").stdout
+
+
+def test_roi_image_size_option_is_recorded_and_refused_for_vits(photos_dir, tmp_path):
+    """`--roi-image-size 0` builds a one-pass CNN index (the manifest says so, a second build keeps it); the
+    default CNN build reads ROI tokens from a 160 px pass; a ViT refuses the option, naming it."""
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("skimage-chelsea.png", "skimage-coffee.png"):
+        (two / name).write_bytes((photos_dir / name).read_bytes())
+    one_pass, default = tmp_path / "one-pass", tmp_path / "default"
+    regis("index", "build", two, "--index", one_pass, "--backbone", "efficientnet-lite0", "--roi-image-size", "0",
+          "--no-progress")
+    regis("index", "build", two, "--index", default, "--backbone", "efficientnet-lite0", "--no-progress")
+    info = {i: json.loads(regis("index", "info", i).stdout)["encoder"] for i in (one_pass, default)}
+    assert info[one_pass]["roi_image_size"] is None and info[default]["roi_image_size"] == 160
+    (two / "skimage-rocket.jpg").write_bytes((photos_dir / "skimage-rocket.jpg").read_bytes())
+    regis("index", "build", two, "--index", one_pass, "--no-progress")  # the index's own encoder again
+    assert json.loads(regis("index", "info", one_pass).stdout)["encoder"]["roi_image_size"] is None
+    out = regis("index", "build", two, "--index", tmp_path / "vit", "--backbone", "vit-tiny-reg4-test",
+                "--random-init", "--roi-image-size", "160", check=False)
+    assert out.returncode == 2 and "roi_image_size" in out.stderr and "CNN" in out.stderr

@@ -17,7 +17,16 @@ Weights = Annotated[
     typer.Option("--weights", "-w", help="Weights: .safetensors or torch state dict, or a regis training run dir."),
 ]
 RandomInit = Annotated[bool, typer.Option("--random-init", help="Random weights (tests only).")]
-RoiSize = Annotated[int | None, typer.Option("--roi-size", "-N", help="ROI window side N in patches (odd; default 3).")]
+RoiSize = Annotated[
+    int | None, typer.Option("--roi-size", "-N", help="ROI window side N in patches (odd; default 3 for ViTs, "
+                             "1 for CNNs).")
+]
+RoiImageSize = Annotated[
+    int | None,
+    typer.Option("--roi-image-size", help="CNN backbones: side (px) of the second backbone pass the ROI tokens are "
+                 "read from; 0: one pass (encoding 1.4-1.5x faster, weaker on hard cases: docs/RESULTS.md "
+                 "section 4). Default: 160 px for a 224 px input."),
+]
 CueMethod = Annotated[
     str | None, typer.Option("--cue-method", help="CNN backbones: grid (default), kmeans or attention.")
 ]
@@ -67,25 +76,29 @@ def encoder_for(
     roi_size: int | None,
     cue_method: str | None,
     device: str,
+    roi_image_size: int | None = None,
 ):
     """The encoder a command should use.
 
     With no encoder option given and an existing index: the index's own encoder (rebuilt from its manifest and
-    checked against its weights checksum). Otherwise: the encoder the options describe.
+    checked against its weights checksum). Otherwise: the encoder the options describe
+    (``regis.models.encoder.build_encoder``; ``roi_image_size`` 0 means one backbone pass).
     """
     from regis.indexes.layout import VERSIONS_DIR, read_current
     from regis.indexes.manifest import read_manifest
     from regis.indexes.weights_copy import stored_weights
     from regis.models.encoder import build_encoder, encoder_from_manifest
 
-    no_options = backbone is None and weights is None and not random_init and roi_size is None and cue_method is None
+    no_options = (backbone is None and weights is None and not random_init and roi_size is None
+                  and cue_method is None and roi_image_size is None)
     current = read_current(index_dir) if index_dir is not None and index_dir.is_dir() else None
-    if current is not None and (no_options or (weights is not None and backbone is None and roi_size is None)):
+    if current is not None and (no_options or (weights is not None and backbone is None and roi_size is None
+                                                   and roi_image_size is None)):
         manifest = read_manifest(index_dir / VERSIONS_DIR / current)
         stored = stored_weights(index_dir, manifest.weights)
         return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device,
                                      stored=str(stored) if stored else None)
     return build_encoder(
         backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, roi_size=roi_size,
-        cue_method=cue_method, device=device,
+        cue_method=cue_method, device=device, roi_image_size=roi_image_size,
     )
