@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import io
 import json
 import os
@@ -220,6 +221,71 @@ def wait_http(url: str, timeout_s: float = 120) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+@dataclasses.dataclass
+class Topology:
+    """The deployment as processes on loopback: its own redis-server on a free port (never the system one on
+    6379), the indexing worker and the API, over the bundled photos, with the tiny random encoder."""
+
+    work: Path
+    root: Path
+    index: Path
+    redis_url: str
+    url: str
+    redis: Proc
+    worker: Proc
+    api: Proc
+
+    @classmethod
+    def create(cls, prefix: str, extra_env: dict, appendonly: bool, worker_args: list[str]) -> Topology:
+        """Lay out a temporary folder (images, index, logs) and the three processes, not started yet.
+
+        Args:
+            prefix: Redis key prefix and temporary folder name part.
+            extra_env: REGIS_* settings on top of the common ones.
+            appendonly: whether redis-server keeps an append-only file (the soak reads jobs back from it).
+            worker_args: extra ``regis worker`` options.
+        """
+        redis_server = shutil.which("redis-server")
+        if redis_server is None:
+            sys.exit("redis-server is not installed")
+        work = Path(tempfile.mkdtemp(prefix=f"regis-{prefix}-"))
+        root, index = work / "images", work / "index"
+        from regis.data.sample_photos import collect_sample_photos
+
+        collect_sample_photos(root / "photos")
+        redis_port, api_port = free_port(), free_port()
+        if redis_port == 6379:
+            raise RuntimeError("free_port gave 6379, the system Redis")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               "REGIS_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "REGIS_REDIS_PREFIX": prefix,
+               "REGIS_INDEX_DIR": str(index), "REGIS_IMAGES_ROOT": str(root), "REGIS_BACKBONE": "vit-tiny-reg4-test",
+               "REGIS_RANDOM_INIT": "true", "REGIS_ENABLE_JOBS": "true", "REGIS_BUILD_WORKERS": "0",
+               "REGIS_TORCH_THREADS": "1", **extra_env}
+        py = sys.executable
+        redis = Proc("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "yes" if appendonly else "no", "--dir", str(work)], env,
+                     work / "redis.log")
+        worker = Proc("worker", [py, "-m", "regis", "worker", *worker_args, "--log-level", "warning"], env,
+                      work / "worker.log")
+        api = Proc("api", [py, "-m", "regis", "serve", "--port", str(api_port), "--log-level", "warning"], env,
+                   work / "api.log")
+        return cls(work, root, index, env["REGIS_REDIS_URL"], f"http://127.0.0.1:{api_port}", redis, worker, api)
+
+    def start_and_index(self, timeout_s: float = 300) -> int | None:
+        """Start Redis, the worker and the API, queue an index job of the photos and wait (up to ``timeout_s``)
+        for its first version. Returns the index version (None if none was published in time)."""
+        for p in (self.redis, self.worker, self.api):
+            p.start()
+            time.sleep(0.5)
+        wait_http(self.url)
+        httpx.post(f"{self.url}/v1/jobs/index", json={"folder": "photos"}, timeout=30)
+        deadline = time.monotonic() + timeout_s
+        while (version := httpx.get(f"{self.url}/healthz", timeout=10).json()["index_version"]) is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return version
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -231,39 +297,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here too")
     args = parser.parse_args()
     random.seed(args.seed)
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        sys.exit("redis-server is not installed")
-
-    work = Path(tempfile.mkdtemp(prefix="regis-soak-"))
-    root, index = work / "images", work / "index"
-    from regis.data.sample_photos import collect_sample_photos
-
-    collect_sample_photos(root / "photos")
+    topo = Topology.create("soak", {"REGIS_WRITE_WAIT_S": "10", "REGIS_STAGING_GRACE_S": "0"}, appendonly=True,
+                           worker_args=["--job-monitoring-interval", "1", "--heartbeat-grace", "3",
+                                        "--maintenance-interval", "2"])
+    work, root, index, url = topo.work, topo.root, topo.index, topo.url
+    redis, worker, api = topo.redis, topo.worker, topo.api
     queries = [p.read_bytes() for p in sorted((root / "photos").iterdir())[:6]]
-    redis_port, api_port = free_port(), free_port()
-    assert redis_port != 6379
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "REGIS_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "REGIS_REDIS_PREFIX": "soak",
-           "REGIS_INDEX_DIR": str(index), "REGIS_IMAGES_ROOT": str(root), "REGIS_BACKBONE": "vit-tiny-reg4-test",
-           "REGIS_RANDOM_INIT": "true", "REGIS_ENABLE_JOBS": "true", "REGIS_WRITE_WAIT_S": "10",
-           "REGIS_BUILD_WORKERS": "0", "REGIS_TORCH_THREADS": "1", "REGIS_STAGING_GRACE_S": "0"}
-    py = sys.executable
-    redis = Proc("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                           "--appendonly", "yes", "--dir", str(work)], env, work / "redis.log")
-    api = Proc("api", [py, "-m", "regis", "serve", "--port", str(api_port), "--log-level", "warning"], env,
-               work / "api.log")
-    worker = Proc("worker", [py, "-m", "regis", "worker", "--job-monitoring-interval", "1", "--heartbeat-grace",
-                             "3", "--maintenance-interval", "2", "--log-level", "warning"], env, work / "worker.log")
-    url = f"http://127.0.0.1:{api_port}"
-    for p in (redis, worker, api):
-        p.start()
-        time.sleep(0.5)
-    wait_http(url)
-    httpx.post(f"{url}/v1/jobs/index", json={"folder": "photos"}, timeout=30)
-    deadline = time.monotonic() + 300  # the first version, before the load starts
-    while httpx.get(f"{url}/healthz", timeout=10).json()["index_version"] is None and time.monotonic() < deadline:
-        time.sleep(0.5)
+    topo.start_and_index()
 
     ledger = Ledger()
     stop = threading.Event()
@@ -357,7 +397,7 @@ def main() -> None:
     from regis.jobs.names import RedisNames
     from regis.jobs.rq_queue import RedisJobQueue
 
-    queue = RedisJobQueue(env["REGIS_REDIS_URL"], RedisNames("soak"))
+    queue = RedisJobQueue(topo.redis_url, RedisNames("soak"))
     states = {p.name: (queue.get(p.name).state if queue.get(p.name) else None)
               for p in (staging.iterdir() if staging.is_dir() else [])}
     orphan_staged = sorted(b for b, state in states.items() if state in (None, "done", "failed"))

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
-from soak import REPO, Proc, free_port, png, wait_http
+from soak import Topology, png
 
 
 def main() -> None:
@@ -39,39 +36,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        sys.exit("redis-server is not installed")
-    work = Path(tempfile.mkdtemp(prefix="regis-swap-drops-"))
-    root, index = work / "images", work / "index"
-    from regis.data.sample_photos import collect_sample_photos
-
-    collect_sample_photos(root / "photos")
-    redis_port, api_port = free_port(), free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "REGIS_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "REGIS_REDIS_PREFIX": "drops",
-           "REGIS_INDEX_DIR": str(index), "REGIS_IMAGES_ROOT": str(root), "REGIS_BACKBONE": "vit-tiny-reg4-test",
-           "REGIS_RANDOM_INIT": "true", "REGIS_ENABLE_JOBS": "true", "REGIS_WRITE_WAIT_S": "0",
-           "REGIS_BUILD_WORKERS": "0", "REGIS_TORCH_THREADS": "1"}
-    procs = [Proc("redis", [redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                            "--appendonly", "no", "--dir", str(work)], env, work / "redis.log"),
-             Proc("worker", [sys.executable, "-m", "regis", "worker", "--log-level", "warning"], env,
-                  work / "worker.log"),
-             Proc("api", [sys.executable, "-m", "regis", "serve", "--port", str(api_port), "--log-level", "warning"],
-                  env, work / "api.log")]
-    url = f"http://127.0.0.1:{api_port}"
+    topo = Topology.create("drops", {"REGIS_WRITE_WAIT_S": "0"}, appendonly=False, worker_args=[])
+    work, url, procs = topo.work, topo.url, (topo.redis, topo.worker, topo.api)
     outcomes: collections.Counter = collections.Counter()
     try:
-        for p in procs:
-            p.start()
-            time.sleep(0.3)
-        wait_http(url)
+        first = topo.start_and_index()
         probe = httpx.Client(base_url=url, timeout=30)
-        probe.post("/v1/jobs/index", json={"folder": "photos"})
-        deadline = time.monotonic() + 300
-        while probe.get("/healthz").json()["index_version"] is None and time.monotonic() < deadline:
-            time.sleep(0.3)
-        first = probe.get("/healthz").json()["index_version"]
         limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
         client = httpx.Client(base_url=url, limits=limits)  # httpx defaults otherwise: 5 s keep-alive expiry
 
