@@ -323,7 +323,7 @@ class ShardedQueryEngine(QueryEngine):
         """
         if not 0 <= int(image_id) < 2**62:
             raise KeyError(image_id)
-        s = int(image_id) % self.num_shards
+        s = int(shard_of(int(image_id), self.num_shards))
         tokens = self._answer(s, self.shards[s].call("tokens", int(image_id)), required=True)
         if tokens is None:
             raise KeyError(image_id)

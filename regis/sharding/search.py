@@ -23,7 +23,7 @@ from regis.indexes.layout import read_current
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
 from regis.retrieve.searcher import Mode, Searcher, SearchResult, top_k
-from regis.sharding.layout import read_layout, shard_dir, to_global, to_local
+from regis.sharding.layout import read_layout, shard_dir, shard_of, to_global, to_local
 
 log = logging.getLogger("regis.sharding")
 
@@ -119,7 +119,7 @@ class ShardSearcher:
 
     def tokens(self, image_id: int) -> np.ndarray | None:
         """The stored (T, D) float16 tokens of the live image with global id ``image_id`` (None: not here)."""
-        if self.searcher is None or image_id % self.num_shards != self.shard:
+        if self.searcher is None or int(shard_of(image_id, self.num_shards)) != self.shard:
             return None
         local = to_local(np.array([image_id]), self.num_shards)
         store = self.searcher.snapshot.store
@@ -148,7 +148,7 @@ class ShardSearcher:
         if self.searcher is None:
             return {}
         ids = np.asarray(ids, dtype=np.int64)
-        mine = ids[ids % self.num_shards == self.shard]
+        mine = ids[shard_of(ids, self.num_shards) == self.shard]
         rows = self.searcher.snapshot.table.get_many(to_local(mine, self.num_shards).tolist())
         return {int(g): dataclasses.replace(rows[int(local)], id=int(g))
                 for g, local in zip(mine, to_local(mine, self.num_shards), strict=True) if int(local) in rows}
