@@ -2,13 +2,16 @@
 
 The offline EfficientNet-Lite0 encoder (224 px, the service's query encoder) runs ``--repeats`` forward passes
 of random (B, 3, 224, 224) inputs per batch size B and torch thread count after two warm-up passes, as built
-(``eager``) and as the service encodes queries (``folded``: ``regis.models.inference.inference_copy``, batch
-norm folded and channels-last); printed: the median ms per pass, ms per image and images/s, and the largest
-token difference between the two.
+(``eager``), as the folded torch copy (``folded``: ``regis.models.inference.inference_copy(runtime="torch")``,
+batch norm folded and channels-last) and as ONNX Runtime runs it (``onnx``: ``inference_copy(runtime="onnx")``,
+one session per thread count; what the service encodes queries with by default); printed: the median ms per
+pass, ms per image and images/s, and each copy's largest token difference from ``eager``. A pass is
+``encode``: both backbone passes (224 px, then the 160 px ROI pass) unless ``--roi-image-size 0``.
 
 Usage::
 
     python -m bench.encode_batch --batch-sizes 1,2,4,8,16 --threads 1,2
+    python -m bench.encode_batch --batch-sizes 1,4 --threads 2 --variants folded,onnx
     python -m bench.encode_batch --roi-image-size 0     # without the second (160 px) ROI pass of new CNN encoders
 """
 
@@ -26,7 +29,7 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,2,4,8,16")
     p.add_argument("--threads", default="1,2", help="torch intra-op thread counts to measure")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--variants", default="eager,folded")
+    p.add_argument("--variants", default="eager,folded,onnx")
     p.add_argument("--roi-image-size", type=int, default=None,
                    help="side (px) of the ROI pass (0: none; default: the encoder's, 160 px)")
     args = p.parse_args()
@@ -39,22 +42,29 @@ def main() -> None:
     encoder = build_encoder("efficientnet-lite0", roi_image_size=args.roi_image_size)
     print_machine({"bench": "encode_batch", "threads": args.threads, "variants": args.variants,
                    "roi_image_size": encoder.config.roi_image_size})
-    variants = {"eager": encoder, "folded": inference_copy(encoder)}
+    names = args.variants.split(",")
     x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    gap = float((variants["folded"].encode(x) - encoder.encode(x)).abs().max())
-    print("tokens max abs difference folded vs eager:", gap, flush=True)
+    want = encoder.encode(x)
+    copies = {"folded": lambda threads: inference_copy(encoder, runtime="torch"),
+              "onnx": lambda threads: inference_copy(encoder, runtime="onnx", threads=threads)}
+    for name in names:
+        if name != "eager":
+            gap = float((copies[name](2).encode(x) - want).abs().max())
+            print(f"tokens max abs difference {name} vs eager: {gap:.3g} ({type(copies[name](2).backbone).__name__})",
+                  flush=True)
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
-        for name in args.variants.split(","):
+        for name in names:
+            model = encoder if name == "eager" else copies[name](threads)
             for b in [int(x) for x in args.batch_sizes.split(",")]:
                 x = torch.randn(b, 3, 224, 224)
                 for _ in range(2):  # warm-up
-                    variants[name].encode(x)
+                    model.encode(x)
                 times = []
                 for _ in range(args.repeats):
                     t0 = time.perf_counter()
-                    variants[name].encode(x)
+                    model.encode(x)
                     times.append(time.perf_counter() - t0)
                 dt = sorted(times)[len(times) // 2]
                 rows.append({"threads": threads, "variant": name, "batch": b, "ms_per_pass": dt * 1e3,

@@ -11,9 +11,11 @@ without and with dynamic batching, side by side in one run.
 2. ``python -m regis serve --index ... --port ...`` in a subprocess on 127.0.0.1, env ``REGIS_TORCH_THREADS``
    from ``--torch-threads``; one server per ``--modes`` entry: ``unbatched`` (``REGIS_BATCH_MAX_SIZE=1``, each
    request encoded alone, as before dynamic batching) and ``batched`` (the settings' defaults, or
-   ``--batch-max-size`` / ``--batch-max-wait-ms``); ``ray``: the same index split into ``--shards`` shards
-   (``regis.sharding.write.split_index``) served by ``cluster.serve`` on a local one-node Ray cluster of
-   ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment per shard, the ingress).
+   ``--batch-max-size`` / ``--batch-max-wait-ms``); either followed by ``@onnx`` / ``@torch`` sets the query
+   runtime (``REGIS_QUERY_RUNTIME``; default: the server's, ONNX Runtime when installed); ``ray``: the same
+   index split into ``--shards`` shards (``regis.sharding.write.split_index``) served by ``cluster.serve`` on
+   a local one-node Ray cluster of ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment
+   per shard, the ingress).
    Every server is started first; then each concurrency level runs once per mode, one mode after the other
    (interleaved, so that a shared machine's changing load falls on every mode alike).
 3. Clients (``bench.loadgen``): ``c`` keep-alive connections on one asyncio event loop in this process, each
@@ -27,6 +29,7 @@ without and with dynamic batching, side by side in one run.
 Usage::
 
     python -m bench.service --clients 1,8,32,128 --requests 64 --modes unbatched,batched
+    python -m bench.service --clients 8,32 --modes batched@torch,batched@onnx   # the two query runtimes
 """
 
 from __future__ import annotations
@@ -203,8 +206,14 @@ def start_ray(index, args):
 
 
 def mode_env(mode: str, args) -> dict:
-    """The server's environment for a mode: ``unbatched`` or ``batched``."""
+    """The server's environment for a mode: ``unbatched`` or ``batched``, optionally followed by ``@RUNTIME``
+    (``REGIS_QUERY_RUNTIME``: auto, onnx, torch; e.g. ``batched@torch``)."""
     env = dict(os.environ)
+    mode, _, runtime = mode.partition("@")
+    if runtime:
+        if runtime not in ("auto", "onnx", "torch"):
+            raise SystemExit(f"unknown query runtime {runtime!r} in mode {mode}@{runtime} (auto, onnx, torch)")
+        env["REGIS_QUERY_RUNTIME"] = runtime
     if args.torch_threads:
         env["REGIS_TORCH_THREADS"] = str(args.torch_threads)
     if mode == "unbatched":
@@ -229,7 +238,8 @@ def main() -> None:
     p.add_argument("--clients", default="1,8,32")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (at least one per client)")
     p.add_argument("--torch-threads", type=int, default=None)
-    p.add_argument("--modes", default="unbatched,batched", help="comma-separated: unbatched, batched, ray")
+    p.add_argument("--modes", default="unbatched,batched",
+                   help="comma-separated: unbatched, batched (either with @onnx or @torch), ray")
     p.add_argument("--shards", type=int, default=2, help="ray mode: shards of the collection")
     p.add_argument("--ray-cpus", type=int, default=2, help="ray mode: logical CPUs of the local Ray node")
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")

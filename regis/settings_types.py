@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator
 
@@ -38,3 +38,7 @@ RedisURL = Annotated[str, AfterValidator(_check_redis_url)]
 
 RedisPrefix = Annotated[str, AfterValidator(_check_redis_prefix)]
 """The prefix of every Redis key, queue and channel of one deployment (``regis.jobs.names.check_prefix``)."""
+
+QueryRuntime = Literal["auto", "onnx", "torch"]
+"""How CNN queries are encoded on CPU (``regis.models.inference``): ONNX Runtime when installed ("auto"), ONNX
+Runtime ("onnx") or the folded torch copy ("torch")."""

@@ -30,9 +30,11 @@ log = logging.getLogger("regis.service")
 
 def load_engine(settings: Settings):
     """Open the index and its encoder (read-only serving, no live updates)."""
+    from regis.models.inference import set_query_runtime
     from regis.retrieve.query import QueryEngine, set_torch_threads
 
     set_torch_threads(settings.torch_threads)
+    set_query_runtime(settings.query_runtime)
     return QueryEngine.open(
         settings.index_dir,
         weights=str(settings.weights) if settings.weights else None,
@@ -55,6 +57,8 @@ def _start(app: FastAPI, settings: Settings) -> None:
 
     live = LiveIndex(settings, on_swap=on_swap)
     live.load()
+    if live.engine is not None:
+        _ = live.engine.query_encoder  # the query copy made (and checked) now, not on the first query (ONNX: ~3 s)
     app.state.live = live
     if live.sharded:
         from regis.errors import ConfigError

@@ -82,10 +82,12 @@ class LiveIndex:
             IndexFormatError: no readable index (read-only service), or a corrupt one.
             IndexMismatchError / WeightsError: the encoder cannot be built or does not match the index.
         """
+        from regis.models.inference import set_query_runtime
         from regis.retrieve.query import QueryEngine, set_torch_threads
 
         s = self.settings
         set_torch_threads(s.torch_threads)
+        set_query_runtime(s.query_runtime)
         if self._load_sharded():
             return
         if self._current() is None and s.enable_jobs:

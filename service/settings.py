@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from regis.settings_types import RedisPrefix, RedisURL, TorchDevice
+from regis.settings_types import QueryRuntime, RedisPrefix, RedisURL, TorchDevice
 
 
 class Settings(BaseSettings):
@@ -32,7 +32,12 @@ class Settings(BaseSettings):
         default_k, max_k: results per query by default and at most.
         default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default (None: the index
             manifest's tuned default) and at most.
-        torch_threads: torch intra-op threads (None: torch's default).
+        torch_threads: torch intra-op threads (None: torch's default); also the intra-op threads of the ONNX
+            Runtime sessions that encode queries.
+        query_runtime: how CNN queries are encoded on CPU (REGIS_QUERY_RUNTIME, ``regis.models.inference``):
+            "auto" (default: ONNX Runtime when ``onnxruntime`` is installed, ~1.7x less CPU per query), "onnx"
+            or "torch" (the folded torch copy). Either copy is checked against the encoder's tokens at start-up
+            and falls back (onnx -> torch -> the encoder) with a warning when it differs or cannot be made.
         max_concurrent_decodes: image decodes running at once (uploads and searches); the others wait, so the
             memory of decoding images at the pixel limit stays bounded.
         keep_alive_s: how long ``regis serve`` keeps an idle HTTP/1.1 connection open, seconds (REGIS_KEEP_ALIVE_S;
@@ -88,6 +93,7 @@ class Settings(BaseSettings):
     default_depth: int | None = Field(default=None, ge=1, le=4096)
     max_depth: int = Field(default=1024, ge=1, le=4096)
     torch_threads: int | None = Field(default=None, ge=1)
+    query_runtime: QueryRuntime = "auto"
     max_concurrent_decodes: int = Field(default=2, ge=1, le=64)
     keep_alive_s: float = Field(default=75.0, ge=1, le=3600)
     # jobs, uploads and live updates

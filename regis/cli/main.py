@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -92,6 +93,7 @@ def search(
     from regis.cli.options import index_dir_for
     from regis.errors import ConfigError
     from regis.indexes.filters import parse_filter
+    from regis.models.inference import set_query_runtime
     from regis.retrieve.query import QueryEngine
 
     paths = list(paths or [])
@@ -105,6 +107,8 @@ def search(
     where = parse_filter(filter_)
     if where:
         params["where"] = where
+    if "REGIS_QUERY_RUNTIME" not in os.environ:
+        set_query_runtime("torch")  # one query: an ONNX export (~3 s) would cost more than it saves
     engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device)
     try:
         if image_id is not None:

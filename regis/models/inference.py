@@ -1,24 +1,92 @@
-"""A faster copy of a CNN encoder for CPU inference: batch norm folded into the convolutions, channels-last.
+"""Faster copies of a CNN encoder for CPU query encoding; the encoder itself is left untouched (its state dict
+and weights checksum are what index manifests record), a copy only answers ``encode`` / ``forward`` calls.
 
-Measured on the 2-core CPU (BENCHMARKS.md section 6, ``python -m bench.encode_batch``): EfficientNet-Lite0 at
-224 px takes ~1.5x less CPU per image this way, with the same tokens up to float32 rounding (max abs difference
-~2e-5 on the backbone's features). The original encoder is left untouched (its state dict and weights checksum
-are what index manifests record); the copy only answers ``encode`` / ``forward`` calls.
+Two runtimes (``REGIS_QUERY_RUNTIME``, ``InferenceSettings``):
+
+- ``torch``: batch norm folded into the convolutions, channels-last (``fold_batchnorm``). Measured on the
+  2-core CPU (BENCHMARKS.md section 6, ``python -m bench.encode_batch``): ~1.5x less CPU per image than the
+  encoder as built.
+- ``onnx``: the backbone's ``forward_features`` exported once per encoder with ``torch.onnx`` and run by ONNX
+  Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape and thread budget); the ROI pass's
+  resize and the cue, ROI and GeM readout (~1 ms of 20) stay in torch. ~1.7x less CPU per query than the
+  folded torch copy (BENCHMARKS.md section 6).
+- ``auto`` (default): ``onnx`` when ``onnxruntime`` can be imported, else ``torch``.
+
+Every copy is checked against the encoder before it is used (max abs token difference <= ``MAX_ABS_DIFF`` on a
+seeded random batch, both backbone passes); a copy that fails the check, or an ONNX export or session that
+fails, is replaced by the next runtime down (onnx -> torch -> the encoder as it is) with a logged warning.
 """
 
 from __future__ import annotations
 
 import copy
+import io
 import itertools
 import logging
+import threading
+import warnings
 import weakref
 
 import torch
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from torch import nn
 
+from regis.errors import ConfigError
+from regis.settings_types import QueryRuntime
+
 log = logging.getLogger("regis.models")
-MAX_ABS_DIFF = 1e-3  # tokens are unit-norm: a larger gap than float32 rounding means the fold went wrong
-_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_ABS_DIFF = 1e-3  # tokens are unit-norm: a larger gap than float32 rounding means the copy went wrong
+QUERY_RUNTIMES = ("auto", "onnx", "torch")
+ONNX_OPSET = 17
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # encoder -> {(runtime, threads): copy}
+# (config JSON, weights sha256) -> exported ONNX bytes: one export per encoder per process, also when the service
+# rebuilds the same encoder (a new collection, a test's app); a stale entry would fail the token check
+_onnx_models: dict[tuple[str, str], bytes] = {}
+ONNX_MODELS_KEPT = 2
+_lock = threading.RLock()
+_runtime: str | None = None  # set_query_runtime; None: the environment's (InferenceSettings)
+
+
+class InferenceSettings(BaseSettings):
+    """How queries are encoded on CPU (environment, prefix ``REGIS_``).
+
+    Attributes:
+        query_runtime: ``REGIS_QUERY_RUNTIME``: "auto" (ONNX Runtime when ``onnxruntime`` is installed, else
+            torch), "onnx" (ONNX Runtime; falls back to torch with a warning when it cannot be used) or "torch"
+            (the folded torch copy).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
+
+    query_runtime: QueryRuntime = "auto"
+
+
+def set_query_runtime(runtime: str | None) -> None:
+    """Choose the query runtime of this process ("auto", "onnx", "torch"; None: back to ``REGIS_QUERY_RUNTIME``).
+    Copies made before keep their runtime; later ``inference_copy`` calls use this one.
+
+    Raises:
+        ConfigError: an unknown runtime.
+    """
+    global _runtime
+    if runtime is not None and runtime not in QUERY_RUNTIMES:
+        raise ConfigError(f"query runtime must be one of {QUERY_RUNTIMES}, got {runtime!r}")
+    _runtime = runtime
+
+
+def query_runtime() -> str:
+    """The query runtime in force: ``set_query_runtime``'s, else ``REGIS_QUERY_RUNTIME`` (default "auto").
+
+    Raises:
+        ConfigError: ``REGIS_QUERY_RUNTIME`` holds an unknown value.
+    """
+    if _runtime is not None:
+        return _runtime
+    try:
+        return InferenceSettings().query_runtime
+    except ValidationError:
+        raise ConfigError(f"REGIS_QUERY_RUNTIME must be one of {QUERY_RUNTIMES}") from None
 
 
 def fold_batchnorm(module: nn.Module) -> int:
@@ -63,33 +131,194 @@ class _ChannelsLast(nn.Module):
         return self.inner.forward_features(images.contiguous(memory_format=torch.channels_last))
 
 
-def inference_copy(encoder):
-    """A copy of a CNN ``RegisEncoder`` on CPU with batch norm folded (``fold_batchnorm``) and channels-last
-    convolutions, for query encoding; cached per encoder. Any other encoder (ViT, CUDA, training mode, an
-    object that is not a torch module such as a remote encoder) is returned as it is, and so is a CNN whose copy
-    does not give the same tokens (checked on a random (1, 3, S, S) input: max abs difference <=
-    ``MAX_ABS_DIFF``; a warning is logged).
+class _Features(nn.Module):
+    """``backbone.forward_features`` as ``forward`` (what ``torch.onnx.export`` traces)."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone.forward_features(images)
+
+
+class OrtBackbone(nn.Module):
+    """A CNN backbone's ``forward_features`` run by ONNX Runtime on the CPU: one session per input shape
+    (batch, height, width), whose free dimensions are fixed with ``add_free_dimension_override_by_name`` (~15 %
+    less CPU than one session with dynamic axes: ``python -m bench.encode_batch``), made on the shape's first
+    call; past ``MAX_SESSIONS`` shapes, one session with dynamic axes serves the others.
 
     Args:
-        encoder: a ``regis.models.encoder.RegisEncoder`` in eval mode.
+        model: ``export_backbone_onnx``'s model.
+        threads: intra-op threads of each session.
+    """
+
+    MAX_SESSIONS = 16
+
+    def __init__(self, model: bytes, threads: int):
+        super().__init__()
+        self.model = model
+        self.threads = threads
+        self._sessions: dict[tuple[int, ...] | None, object] = {}
+        self._lock = threading.Lock()
+        # RegisEncoder.encode reads its device from its first parameter: an empty one on the CPU
+        self.device_anchor = nn.Parameter(torch.empty(0), requires_grad=False)
+
+    def session(self, shape: tuple[int, ...]):
+        """The session for (B, 3, H, W) inputs of this ``shape`` (made on first use)."""
+        with self._lock:
+            found = self._sessions.get(shape)
+            if found is None:
+                if len(self._sessions) < self.MAX_SESSIONS:
+                    dims = {"batch": shape[0], "height": shape[2], "width": shape[3]}
+                    found = self._sessions[shape] = ort_session(self.model, self.threads, dims)
+                else:
+                    found = self._sessions.get(None)
+                    if found is None:
+                        found = self._sessions[None] = ort_session(self.model, self.threads)
+            return found
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) float -> (B, D, H / 32, W / 32) float32 feature map (the backbone's), on the CPU."""
+        pixels = images.detach().to("cpu", torch.float32).contiguous().numpy()
+        return torch.from_numpy(self.session(pixels.shape).run(None, {"images": pixels})[0])
+
+
+def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
+    """Export ``backbone.forward_features`` to ONNX (torch.onnx's TorchScript exporter, which runs offline;
+    opset ``ONNX_OPSET``), with the batch, height and width axes free (one model for both CNN passes; the
+    sessions fix them per shape).
+
+    Args:
+        backbone: a timm CNN in eval mode, on the CPU.
+        image_size: side (px) of the example input traced.
 
     Returns:
-        An encoder with the same ``config``, ``weights_info`` and ``encode`` outputs (float32 rounding aside).
+        The serialised ONNX model (input "images" (B, 3, H, W) float32, output "features" (B, D, h, w)).
+
+    Raises:
+        Exception: whatever the exporter raises (the ``onnx`` package missing, an operator it cannot export).
     """
-    if (not isinstance(encoder, nn.Module) or encoder.config.kind != "cnn" or encoder.training
-            or next(encoder.parameters()).device.type != "cpu"):
-        return encoder
-    cached = _copies.get(encoder)
-    if cached is not None:
-        return cached
+    example = torch.zeros(1, 3, image_size, image_size)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice; dynamo needs onnxscript
+        torch.onnx.export(_Features(backbone).eval(), (example,), buf, dynamo=False, opset_version=ONNX_OPSET,
+                          input_names=["images"], output_names=["features"],
+                          dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"},
+                                        "features": {0: "batch", 2: "rows", 3: "cols"}})
+    return buf.getvalue()
+
+
+def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None):
+    """An ONNX Runtime CPU session of ``model`` on ``threads`` intra-op threads (the caller's torch thread budget),
+    one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core service shares them with
+    decoding and FAISS: BENCHMARKS.md section 6, "Oversubscription"). ``dims``: values for the model's free
+    dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input shape.
+
+    Raises:
+        ImportError: onnxruntime is not installed.
+    """
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    for name, value in (dims or {}).items():
+        opts.add_free_dimension_override_by_name(name, int(value))
+    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def _torch_copy(encoder):
     fast = copy.deepcopy(encoder)
     fold_batchnorm(fast.backbone)
     fast.backbone = _ChannelsLast(fast.backbone)
-    size = encoder.config.image_size
-    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
-    gap = float((fast.encode(x) - encoder.encode(x)).abs().max())
-    if not gap <= MAX_ABS_DIFF:
-        log.warning("the folded encoder's tokens differ by %.3g; encoding with the encoder as it is", gap)
-        fast = encoder
-    _copies[encoder] = fast
     return fast
+
+
+def _onnx_copy(encoder, threads: int):
+    import onnxruntime  # noqa: F401  (missing: fail before the export)
+
+    key = (encoder.config.model_dump_json(), encoder.weights_info.sha256)
+    model = _onnx_models.get(key)
+    if model is None:
+        model = export_backbone_onnx(encoder.backbone, encoder.config.image_size)
+        while len(_onnx_models) >= ONNX_MODELS_KEPT:
+            del _onnx_models[next(iter(_onnx_models))]
+        _onnx_models[key] = model
+    backbone = OrtBackbone(model, threads)
+    return copy.deepcopy(encoder, memo={id(encoder.backbone): backbone})  # everything but the backbone copied
+
+
+def _token_gap(fast, encoder) -> float:
+    """Max abs token difference between ``fast`` and ``encoder`` on a seeded random (2, 3, S, S) batch."""
+    size = encoder.config.image_size
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    return float((fast.encode(x) - encoder.encode(x)).abs().max())
+
+
+def _checked(make, encoder, name: str):
+    """``make()``, if it builds and gives the encoder's tokens within ``MAX_ABS_DIFF``; else None (warning)."""
+    try:
+        fast = make()
+        gap = _token_gap(fast, encoder)
+    except Exception as exc:  # an export or session failure must not stop query encoding
+        log.warning("the %s query encoder could not be made (%s: %s); falling back", name, type(exc).__name__, exc)
+        return None
+    if not gap <= MAX_ABS_DIFF:
+        log.warning("the %s query encoder's tokens differ by %.3g (> %g); falling back", name, gap, MAX_ABS_DIFF)
+        return None
+    return fast
+
+
+def onnxruntime_available() -> bool:
+    """Whether ``onnxruntime`` can be imported."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def inference_copy(encoder, runtime: str | None = None, threads: int | None = None):
+    """A copy of a CNN ``RegisEncoder`` on CPU for query encoding, cached per encoder, runtime and thread count
+    (the ONNX model is exported once per encoder). Any other encoder (ViT, CUDA, training mode, an object that
+    is not a torch module such as a remote encoder) is returned as it is.
+
+    Args:
+        encoder: a ``regis.models.encoder.RegisEncoder`` in eval mode.
+        runtime: "auto", "onnx" or "torch" (module docstring); None: ``query_runtime()``.
+        threads: intra-op threads of an ONNX Runtime session (None: the calling thread's torch threads); the
+            torch copy runs on the calling thread's torch threads.
+
+    Returns:
+        An encoder with the same ``config``, ``weights_info`` and ``encode`` outputs (float32 rounding aside):
+        the ONNX Runtime copy, else the folded torch copy, else (both failed the check) the encoder itself.
+
+    Raises:
+        ConfigError: an unknown runtime.
+    """
+    runtime = runtime if runtime is not None else query_runtime()
+    if runtime not in QUERY_RUNTIMES:
+        raise ConfigError(f"query runtime must be one of {QUERY_RUNTIMES}, got {runtime!r}")
+    if (not isinstance(encoder, nn.Module) or encoder.config.kind != "cnn" or encoder.training
+            or next(encoder.parameters()).device.type != "cpu"):
+        return encoder
+    use_onnx = runtime == "onnx" or (runtime == "auto" and onnxruntime_available())
+    threads = int(threads or torch.get_num_threads())
+    key = ("onnx", threads) if use_onnx else ("torch", 0)
+    with _lock:
+        cached = _copies.setdefault(encoder, {})
+        if key in cached:
+            return cached[key]
+        fast = _checked(lambda: _onnx_copy(encoder, threads), encoder, "ONNX Runtime") if use_onnx else None
+        if fast is None:
+            fast = cached.get(("torch", 0))
+            if fast is None:
+                fast = cached[("torch", 0)] = _checked(lambda: _torch_copy(encoder), encoder, "folded torch") or encoder
+        cached[key] = fast
+        return fast

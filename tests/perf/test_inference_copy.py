@@ -1,13 +1,17 @@
-"""The query encoder's CPU inference copy (``regis.models.inference``): batch norm folded into the convolutions
-and channels-last layout give the same tokens as the encoder itself, on real photos, and leave the encoder (its
-state dict, hence its weights checksum) untouched."""
+"""The query encoder's CPU inference copies (``regis.models.inference``): batch norm folded into the
+convolutions and channels-last layout, or the backbone run by ONNX Runtime, give the same tokens as the encoder
+itself, on real photos, and leave the encoder (its state dict, hence its weights checksum) untouched; a copy
+that cannot be made or differs falls back with a warning; REGIS_QUERY_RUNTIME chooses the runtime."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 from torch import nn
 
-from regis.models.inference import fold_batchnorm, inference_copy
+from regis.models.inference import OrtBackbone, _ChannelsLast, fold_batchnorm, inference_copy
 from regis.models.weights import state_dict_sha256
 
 
@@ -16,8 +20,8 @@ def test_folded_lite0_gives_the_same_tokens_on_real_photos(lite0_encoder, photos
     from regis.models.transforms import eval_transform
 
     before = state_dict_sha256(lite0_encoder.backbone)
-    fast = inference_copy(lite0_encoder)
-    assert fast is not lite0_encoder and inference_copy(lite0_encoder) is fast  # made once, cached
+    fast = inference_copy(lite0_encoder, runtime="torch")
+    assert fast is not lite0_encoder and inference_copy(lite0_encoder, runtime="torch") is fast  # made once, cached
     assert not any(isinstance(m, nn.BatchNorm2d) for m in fast.modules())  # every norm was folded
     transform = eval_transform(lite0_encoder.config)
     files = sorted(photos_dir.iterdir())[:6]
@@ -45,3 +49,145 @@ def test_fold_batchnorm_keeps_a_conv_bn_act_stack_and_skips_unpaired_norms():
     assert fold_batchnorm(net) == 2  # the second norm of the last pair follows a norm, not a convolution
     assert isinstance(net[1], nn.Identity) and isinstance(net[5], nn.BatchNorm2d)
     assert torch.allclose(net(x), want, atol=1e-5)
+
+
+def _photo_pixels(encoder, photos_dir, n: int = 6) -> torch.Tensor:
+    from regis.images.decode import decode_image
+    from regis.models.transforms import eval_transform
+
+    transform = eval_transform(encoder.config)
+    return torch.stack([transform(decode_image(f.read_bytes()).image) for f in sorted(photos_dir.iterdir())[:n]])
+
+
+def test_onnx_runtime_copy_gives_the_same_tokens_and_buddies_on_real_photos(lite0_encoder, photos_dir, one_thread):
+    """ONNX Runtime runs the backbone (both passes: 224 px and the 160 px ROI pass) with the encoder's tokens
+    and buddy patches; one session per input shape, at the thread count asked; the encoder is left untouched."""
+    pytest.importorskip("onnxruntime", reason="the ONNX Runtime copy needs onnxruntime (a core dependency)")
+    assert lite0_encoder.config.roi_image_size == 160  # today's default: two backbone passes
+    before = state_dict_sha256(lite0_encoder.backbone)
+    fast = inference_copy(lite0_encoder, runtime="onnx", threads=1)
+    assert isinstance(fast.backbone, OrtBackbone) and fast.backbone.threads == 1
+    assert inference_copy(lite0_encoder, runtime="onnx", threads=1) is fast  # made once, cached
+    assert inference_copy(lite0_encoder, runtime="auto", threads=1) is fast  # auto: onnx when installed
+    pixels = _photo_pixels(lite0_encoder, photos_dir)
+    want, want_buddies, want_grid = lite0_encoder.encode_with_buddies(pixels)
+    got, got_buddies, got_grid = fast.encode_with_buddies(pixels)
+    assert got.shape == want.shape == (6, lite0_encoder.config.tokens_per_image, lite0_encoder.config.dim)
+    assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    assert torch.equal(got_buddies, want_buddies) and got_grid == want_grid
+    for n in (1, 3):  # other batch sizes: sessions of their own shapes
+        assert torch.allclose(fast.encode(pixels[:n]), want[:n], atol=1e-4, rtol=0)
+    sessions = fast.backbone._sessions
+    assert {(6, 3, 224, 224), (6, 3, 160, 160), (1, 3, 224, 224), (3, 3, 160, 160)} <= set(sessions)
+    assert all(s.get_session_options().intra_op_num_threads == 1 for s in sessions.values())
+    assert state_dict_sha256(lite0_encoder.backbone) == before
+    assert fast.weights_info == lite0_encoder.weights_info and fast.config == lite0_encoder.config
+
+
+def test_past_max_sessions_one_dynamic_session_serves_the_other_shapes(lite0_encoder, photos_dir, one_thread,
+                                                                        monkeypatch):
+    pytest.importorskip("onnxruntime", reason="the ONNX Runtime copy needs onnxruntime (a core dependency)")
+    fast = inference_copy(lite0_encoder, runtime="onnx", threads=1)
+    backbone = OrtBackbone(fast.backbone.model, threads=1)
+    monkeypatch.setattr(backbone, "MAX_SESSIONS", 0)
+    pixels = _photo_pixels(lite0_encoder, photos_dir, 2)
+    want = lite0_encoder.backbone.forward_features(pixels)
+    assert torch.allclose(backbone.forward_features(pixels), want, atol=1e-4, rtol=0)
+    assert torch.allclose(backbone.forward_features(pixels[:1]), want[:1], atol=1e-4, rtol=0)
+    assert list(backbone._sessions) == [None]
+
+
+@pytest.fixture
+def fresh_copies(monkeypatch):
+    """No copies or exports cached from other tests."""
+    import weakref
+
+    from regis.models import inference
+
+    monkeypatch.setattr(inference, "_copies", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(inference, "_onnx_models", {})
+
+
+def test_runtime_torch_and_a_missing_onnxruntime_give_the_folded_copy(lite0_encoder, fresh_copies, one_thread,
+                                                                      monkeypatch, caplog):
+    import sys
+
+    folded = inference_copy(lite0_encoder, runtime="torch")
+    assert isinstance(folded.backbone, _ChannelsLast)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
+    assert inference_copy(lite0_encoder, runtime="auto") is folded  # auto: quietly torch
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="regis.models"):
+        assert inference_copy(lite0_encoder, runtime="onnx", threads=1) is folded  # asked for: a warning
+    assert "ONNX Runtime query encoder could not be made (ModuleNotFoundError" in caplog.text
+
+
+def test_a_copy_that_fails_the_token_check_falls_back_with_a_warning(lite0_encoder, fresh_copies, one_thread,
+                                                                     monkeypatch, caplog):
+    pytest.importorskip("onnxruntime", reason="the ONNX Runtime copy needs onnxruntime (a core dependency)")
+    import weakref
+
+    from regis.models import inference
+
+    real_export = inference.export_backbone_onnx
+
+    def wrong_export(backbone, image_size):  # the export of another backbone: other features
+        other = copy.deepcopy(backbone)
+        with torch.no_grad():
+            next(other.parameters()).mul_(-1)
+        return real_export(other, image_size)
+
+    monkeypatch.setattr(inference, "export_backbone_onnx", wrong_export)
+    with caplog.at_level("WARNING", logger="regis.models"):
+        fast = inference_copy(lite0_encoder, runtime="onnx", threads=1)
+    assert isinstance(fast.backbone, _ChannelsLast)
+    assert "ONNX Runtime query encoder's tokens differ by" in caplog.text
+    assert inference_copy(lite0_encoder, runtime="torch") is fast  # the fallback is the cached torch copy
+    monkeypatch.setattr(inference, "_copies", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(inference, "MAX_ABS_DIFF", -1.0)  # nothing passes: the encoder as it is
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="regis.models"):
+        assert inference_copy(lite0_encoder, runtime="onnx", threads=1) is lite0_encoder
+    assert "ONNX Runtime query encoder's tokens differ" in caplog.text
+    assert "folded torch query encoder's tokens differ" in caplog.text
+
+
+def test_query_runtime_setting(monkeypatch):
+    from regis.errors import ConfigError
+    from regis.models.inference import query_runtime, set_query_runtime
+
+    monkeypatch.delenv("REGIS_QUERY_RUNTIME", raising=False)
+    assert query_runtime() == "auto"
+    monkeypatch.setenv("REGIS_QUERY_RUNTIME", "torch")
+    assert query_runtime() == "torch"
+    monkeypatch.setenv("REGIS_QUERY_RUNTIME", "tensorrt")
+    with pytest.raises(ConfigError, match="REGIS_QUERY_RUNTIME must be one of"):
+        query_runtime()
+    with pytest.raises(ConfigError, match="query runtime must be one of"):
+        set_query_runtime("tensorrt")
+    try:
+        set_query_runtime("onnx")
+        assert query_runtime() == "onnx"  # set_query_runtime wins over the environment
+    finally:
+        set_query_runtime(None)
+    with pytest.raises(ConfigError, match="query runtime must be one of"):
+        inference_copy(object(), runtime="gpu")
+
+
+def test_service_setting_reaches_the_query_encoder(lite0_index, fresh_copies, one_thread):
+    """REGIS_QUERY_RUNTIME=torch: the service encodes queries with the folded copy, made at start-up."""
+    from fastapi.testclient import TestClient
+
+    from regis.models.inference import set_query_runtime
+    from service.app import create_app
+    from service.settings import Settings
+
+    with pytest.raises(ValueError, match="query_runtime"):
+        Settings(index_dir=lite0_index, query_runtime="tensorrt")
+    try:
+        app = create_app(Settings(index_dir=lite0_index, query_runtime="torch", batch_max_size=1))
+        with TestClient(app):
+            engine = app.state.live.engine
+            assert isinstance(engine.query_encoder.backbone, _ChannelsLast)
+    finally:
+        set_query_runtime(None)
