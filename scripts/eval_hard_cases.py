@@ -15,7 +15,7 @@ Per query kind: Recall@1 and Recall@5 (a relevant item in the top K) and mAP (av
 relevant set, the whole gallery ranked).
 
 Usage:
-    python scripts/eval_hard_cases.py [--backbone efficientnet-lite0] [--repeats 3] [--seed 0]
+    python scripts/eval_hard_cases.py [--backbone efficientnet-lite0] [--repeats 3] [--seed 0 [1 2 3]]
         [--frame ...] [--image-size ...] [--roi-size ...] [--cue-method ...] [--cue-pooling ...] [--json OUT.json]
 
     The encoder defaults (GeM pooling, N = 1, ROI tokens from a 160 px pass for CNNs) are the "after"; the
@@ -84,20 +84,79 @@ def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
     return float((np.arange(1, len(ranks) + 1) / ranks).mean())
 
 
-def kind_metrics(scores: torch.Tensor, relevance: np.ndarray, kinds: np.ndarray) -> dict[str, dict[str, float]]:
-    """Per query kind (and "all"): Recall@1, Recall@5, mAP and the number of queries."""
+def query_hits(scores: torch.Tensor, relevance: np.ndarray) -> dict[str, np.ndarray]:
+    """Per query: R@1 and R@5 (0 / 1) and AP; scores (Q, N), relevance (Q, N) bool -> {metric: (Q,) float}."""
     s = scores.numpy()
     top = np.argsort(-s, axis=1, kind="stable")[:, :5]
     hit1 = relevance[np.arange(len(s)), top[:, 0]]
     hit5 = np.take_along_axis(relevance, top, axis=1).any(axis=1)
     ap = np.array([average_precision(s[i], relevance[i]) for i in range(len(s))])
+    return {"R@1": hit1.astype(float), "R@5": hit5.astype(float), "mAP": ap}
+
+
+def kind_metrics(scores: torch.Tensor, relevance: np.ndarray, kinds: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per query kind (and "all"): Recall@1, Recall@5, mAP and the number of queries."""
+    return metrics_of(query_hits(scores, relevance), kinds)
+
+
+def metrics_of(hits: dict[str, np.ndarray], kinds: np.ndarray) -> dict[str, dict[str, float]]:
+    """``query_hits``' arrays -> per kind (and "all"): the means and the number of queries."""
     out = {}
     for kind in ("all", *QUERY_KINDS):
-        sel = np.ones(len(s), bool) if kind == "all" else kinds == kind
+        sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
         if sel.any():
-            out[kind] = {"R@1": float(hit1[sel].mean()), "R@5": float(hit5[sel].mean()),
-                         "mAP": float(ap[sel].mean()), "n": int(sel.sum())}
+            out[kind] = {m: float(v[sel].mean()) for m, v in hits.items()} | {"n": int(sel.sum())}
     return out
+
+
+def wilson_interval(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion k / n (k hits of n trials)."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(centre - half), float(centre + half)
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, clusters: np.ndarray, draws: int = 4000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Mean of a - b (per-query hits of two scorers on the same queries) and its 95 % percentile interval from
+    a bootstrap that resamples whole clusters (the source photos: queries of one photo are not independent,
+    across kinds and seeds alike). Returns (mean difference, low, high)."""
+    ids, inv = np.unique(clusters, return_inverse=True)
+    d = a - b
+    sums = np.bincount(inv, weights=d, minlength=len(ids))
+    counts = np.bincount(inv, minlength=len(ids)).astype(float)
+    pick = np.random.default_rng(seed).integers(0, len(ids), size=(draws, len(ids)))
+    boot = sums[pick].sum(1) / counts[pick].sum(1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi)
+
+
+def pooled_table(hits: dict[str, dict[str, np.ndarray]], kinds: np.ndarray, photos: np.ndarray,
+                 reference: str = "maxsim-10") -> str:
+    """Recall@1 pooled over seeds, per kind: n, each scorer's R@1 with its 95 % Wilson interval, and
+    ``reference`` minus each other scorer with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``).
+
+    ``hits``: {scorer: ``query_hits``' arrays concatenated over seeds}; ``kinds``, ``photos``: (Q,) per query."""
+    others = [name for name in hits if name != reference]
+    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{name + ' R@1 [95 %]':>24s}" for name in hits)
+    head += "".join(f"{reference + ' - ' + name + ' [95 %]':>34s}" for name in others)
+    lines = [head]
+    for kind in ("all", *QUERY_KINDS):
+        sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
+        if not sel.any():
+            continue
+        n = int(sel.sum())
+        row = f"{kind:11s} {n:4d}"
+        for name in hits:
+            r1 = hits[name]["R@1"][sel]
+            lo, hi = wilson_interval(r1.sum(), n)
+            row += f"{r1.mean():9.3f} [{lo:.3f}, {hi:.3f}]"
+        for name in others:
+            d, lo, hi = paired_bootstrap(hits[reference]["R@1"][sel], hits[name]["R@1"][sel], photos[sel])
+            row += f"{d:+15.3f} [{lo:+.3f}, {hi:+.3f}]"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None, known=None) -> dict:
@@ -110,9 +169,11 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
     q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, qi), backbone_pass(encoder, qi, roi=True))
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
-    table = {name: known[name] if name in known else kind_metrics(
-        maxsim_scores(q[name], g[name], chunk_size=16), hard.relevance, kinds) for name in g}
-    return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g}}
+    hits = {name: query_hits(maxsim_scores(q[name], g[name], chunk_size=16), hard.relevance)
+            for name in g if name not in known}
+    table = {name: known[name] if name in known else metrics_of(hits[name], kinds) for name in g}
+    return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g},
+            "hits": {name: {m: v.tolist() for m, v in h.items()} for name, h in hits.items()}}
 
 
 def print_table(result: dict, title: str = "") -> None:
@@ -153,7 +214,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_encoder_args(ap)
     ap.add_argument("--repeats", type=int, default=3, help="queries per (photo, kind)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, nargs="+", default=[0],
+                    help="one or more seeds; with several, a table per seed, then Recall@1 pooled over them with "
+                         "95 %% intervals (Wilson; differences: bootstrap over the source photos)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
@@ -162,23 +225,32 @@ def main() -> int:
     encoder = build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                             cue_method=args.cue_method, image_size=args.image_size, frame=args.frame,
                             cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size)
-    t0 = time.perf_counter()
-    hard, n_photos = load_hard_set(args.repeats, args.seed)
-    result = evaluate(encoder, hard)
-    elapsed = time.perf_counter() - t0
     cfg = encoder.config
-    print(f"hard cases: {n_photos} photos, gallery {len(hard.gallery)} items (16 per photo), "
-          f"{len(hard.queries)} queries, {hard.relevance.sum(1).mean():.2f} relevant items per query")
-    print(f"encoder {cfg.model_dump_json()} ({encoder.weights_info.source}); seed {args.seed}; "
-          f"{platform.machine()}, torch {torch.__version__}, {elapsed:.0f} s")
-    print_table(result)
+    runs, kinds, photos = [], [], []
+    for seed in args.seed:
+        t0 = time.perf_counter()
+        hard, n_photos = load_hard_set(args.repeats, seed)
+        result = evaluate(encoder, hard)
+        elapsed = time.perf_counter() - t0
+        print(f"hard cases: {n_photos} photos, gallery {len(hard.gallery)} items (16 per photo), "
+              f"{len(hard.queries)} queries, {hard.relevance.sum(1).mean():.2f} relevant items per query")
+        print(f"encoder {cfg.model_dump_json()} ({encoder.weights_info.source}); seed {seed}; "
+              f"{platform.machine()}, torch {torch.__version__}, {elapsed:.0f} s")
+        print_table(result)
+        runs.append({"command": "python " + " ".join(sys.argv), "photos": n_photos, "gallery": len(hard.gallery),
+                     "queries": len(hard.queries), "repeats": args.repeats, "seed": seed,
+                     "encoder": cfg.model_dump(), "weights": encoder.weights_info.source, **result})
+        kinds += [it.kind for it in hard.queries]
+        photos += [it.photo for it in hard.queries]
+    if len(runs) > 1:
+        hits = {name: {m: np.concatenate([np.asarray(r["hits"][name][m]) for r in runs]) for m in ("R@1",)}
+                for name in runs[0]["hits"]}
+        print(f"\nRecall@1 pooled over seeds {' '.join(map(str, args.seed))} (n queries per kind):")
+        print(pooled_table(hits, np.array(kinds), np.array(photos)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "command": "python " + " ".join(sys.argv), "photos": n_photos, "gallery": len(hard.gallery),
-            "queries": len(hard.queries), "repeats": args.repeats, "seed": args.seed,
-            "encoder": cfg.model_dump(), "weights": encoder.weights_info.source, **result,
-        }, indent=2) + "\n")
+        runs = [{k: v for k, v in r.items() if k != "hits"} for r in runs]  # per-query hits: in memory only
+        args.json.write_text(json.dumps(runs[0] if len(runs) == 1 else {"seeds": runs}, indent=2) + "\n")
     return 0
 
 

@@ -8,6 +8,11 @@ seconds. ``cache`` fills the cache; ``run`` scores every variant and prints one 
 Usage:
     python scripts/hard_cases_readouts.py cache --seed 0 --sizes 224 320 160 [--cache /tmp/regis-quality]
     python scripts/hard_cases_readouts.py run --seed 0 [--cache ...] [--json OUT.json]
+
+    Third round, on the default encoder's own two passes (224 px, and the 160 px ROI pass resized from that
+    tensor, float32: its "kept" row is exactly scripts/eval_hard_cases.py's), several seeds pooled:
+    python scripts/hard_cases_readouts.py cache --encoder --sizes --seeds 0 1 2 3
+    python scripts/hard_cases_readouts.py run3 --seeds 0 1 2 3 [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -32,6 +37,34 @@ DEFAULT_CACHE = Path("/tmp/regis-quality")
 
 def cache_path(cache: Path, seed: int, size: int, repeats: int) -> Path:
     return cache / f"crop{size}-s{seed}-r{repeats}.pt"
+
+
+def encoder_cache_path(cache: Path, seed: int, repeats: int) -> Path:
+    return cache / f"encoder-s{seed}-r{repeats}.pt"
+
+
+def fill_encoder_cache(cache: Path, seed: int, repeats: int) -> None:
+    """The default encoder's two passes, exactly as it indexes (224 px centre crop, then the ROI pass resized
+    from that tensor): float32 patch maps of the gallery and the queries, with the number of queries (a cache
+    of another version of the set is refused by ``load_encoder_maps``)."""
+    path = encoder_cache_path(cache, seed, repeats)
+    if path.is_file():
+        return
+    torch.set_num_threads(1)
+    hard, _ = load_hard_set(repeats, seed)
+    cache.mkdir(parents=True, exist_ok=True)
+    encoder = build_encoder("efficientnet-lite0")
+    t0 = time.perf_counter()
+    maps = {}
+    for part, items in (("gallery", hard.gallery), ("queries", hard.queries)):
+        images = [it.image for it in items]
+        _, p, grid = backbone_pass(encoder, images)
+        _, rp, rgrid = backbone_pass(encoder, images, roi=True)
+        maps |= {part: p, part + "_roi": rp, "grid": grid, "roi_grid": rgrid}
+    tmp = path.with_suffix(".tmp")
+    torch.save(maps | {"queries_n": len(hard.queries), "config": encoder.config.model_dump()}, tmp)
+    tmp.rename(path)
+    print(f"[seed {seed}, encoder] both passes {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def fill_cache(cache: Path, seed: int, sizes: list[int], repeats: int) -> None:
@@ -210,6 +243,155 @@ def variants(cache: Path, seed: int, repeats: int):
     yield "query at 224 + 160 px (20), gallery 160 px", {"maxsim-10": (torch.cat([base_q, s_q], 1), s_g)}
 
 
+def load_encoder_maps(cache: Path, seed: int, repeats: int, queries: int) -> dict:
+    """``fill_encoder_cache``'s maps (float32); refuses a cache of another version of the set."""
+    d = torch.load(encoder_cache_path(cache, seed, repeats))
+    if d["queries_n"] != queries:
+        raise SystemExit(f"{encoder_cache_path(cache, seed, repeats)} holds {d['queries_n']} queries, the set has "
+                         f"{queries}: delete it and run cache --encoder again")
+    return d
+
+
+def pooled_roi(patches: torch.Tensor, grid, buddy: torch.Tensor, n: int, p: float) -> torch.Tensor:
+    """(B, C, D) ROI tokens pooled over the n x n window (clipped) around each buddy with GeM ``p`` (inf: max)."""
+    from regis.models.roi import window_matrix
+
+    mask = window_matrix(grid, n) > 0  # (P, P)
+    out = []
+    for c in range(buddy.shape[1]):
+        m = mask[buddy[:, c]]  # (B, P)
+        if p == float("inf"):
+            out.append(patches.masked_fill(~m[..., None], float("-inf")).amax(1))
+        else:
+            x = patches.clamp(min=1e-6).pow(p) * m[..., None]
+            out.append((x.sum(1) / m.sum(1, keepdim=True)).pow(1.0 / p))
+    return torch.stack(out, 1)
+
+
+def corner_parts(patches: torch.Tensor, grid, p: float = 3.0, frac: float = 2 / 3) -> torch.Tensor:
+    """(B, 4, D) partial-view-oriented parts: GeM of 4 overlapping corner windows, ``frac`` of each side (the
+    gallery's corner crops and the partial views are of that size; the 2 x 2 grid cells are half a side)."""
+    b, _, d = patches.shape
+    h, w = grid
+    fmap = patches.transpose(1, 2).reshape(b, d, h, w)
+    sh, sw = max(1, round(frac * h)), max(1, round(frac * w))
+    cells = [gem(fmap[:, :, r:r + sh, c:c + sw].flatten(2), 2, p) for r in (0, h - sh) for c in (0, w - sw)]
+    return torch.stack(cells, 1)
+
+
+def round3_variants(m: dict):
+    """Readouts on top of the default encoder's two passes (224 px cues, ROI tokens from the 160 px pass):
+    yields (name, {scorer: (query tokens, gallery tokens)})."""
+    big, small = {}, {}
+    for side in ("gallery", "queries"):
+        big[side] = (m[side], tuple(m["grid"]))
+        small[side] = (m[side + "_roi"], tuple(m["roi_grid"]))
+
+    def tokens(side, cue_p=(3.0, 3.0), roi_n=1, roi_p=1.0, chooser="own", parts="grid", layout="5+5"):
+        (bp, bg), (sp, sg) = big[side], small[side]
+        cues = cue_tokens(bp, bg, *cue_p)
+        if parts == "corners":
+            cues = torch.cat([cues[:, :1], corner_parts(bp, bg, cue_p[1])], 1)
+        scues = cue_tokens(sp, sg, *cue_p)
+        if parts == "corners":
+            scues = torch.cat([scues[:, :1], corner_parts(sp, sg, cue_p[1])], 1)
+        # which cues choose the buddies on the 160 px map: its own (the encoder), the 224 px ones, or its own
+        # with no patch twice
+        bud = buddies(cues if chooser == "224" else scues, sp, sg, "distinct" if chooser == "distinct" else "argmax")
+        rois = roi(sp, sg, bud, [roi_n] * 5) if roi_p == 1.0 else pooled_roi(sp, sg, bud, roi_n, roi_p)
+        if layout == "5+5":
+            out = torch.cat([cues, rois], 1)
+        elif layout == "global160":  # the global cue's ROI token replaced by the 160 px global token
+            out = torch.cat([cues, scues[:, :1], rois[:, 1:]], 1)
+        elif layout == "cues160":  # 224 px cues + the 160 px pass's cues (no ROI tokens)
+            out = torch.cat([cues, scues], 1)
+        else:
+            raise ValueError(layout)
+        return F.normalize(out, dim=-1)
+
+    def both(**kw):
+        return tokens("queries", **kw), tokens("gallery", **kw)
+
+    q, g = both()
+    unit = lambda x: F.normalize(x, dim=-1)  # noqa: E731
+    yield "kept defaults (224 px cues, ROI N = 1 from the 160 px pass)", {
+        "maxsim-10": (q, g), "global": (q[:, :1], g[:, :1]),
+        "dense": (unit(big["queries"][0]), unit(big["gallery"][0])),
+        "dense-160": (unit(small["queries"][0]), unit(small["gallery"][0])),
+        "global-2q": (torch.cat([q[:, :1], unit(cue_tokens(*small["queries"])[:, :1])], 1), g[:, :1]),
+    }
+    for label, kw in (
+        ("ROI window N = 3 at 160 px, mean", {"roi_n": 3}),
+        ("ROI window N = 3 at 160 px, max", {"roi_n": 3, "roi_p": float("inf")}),
+        ("ROI window N = 3 at 160 px, GeM p = 3", {"roi_n": 3, "roi_p": 3.0}),
+        ("cues max-pooled (global and parts, both passes)", {"cue_p": (float("inf"), float("inf"))}),
+        ("parts max-pooled (global GeM)", {"cue_p": (3.0, float("inf"))}),
+        ("buddies on the 160 px map chosen by the 224 px cues", {"chooser": "224"}),
+        ("buddies distinct (no 160 px patch twice)", {"chooser": "distinct"}),
+        ("tokens: 5 cues + 160 px global + 4 part ROIs", {"layout": "global160"}),
+        ("tokens: 5 cues at 224 + 5 cues at 160 px (no ROI)", {"layout": "cues160"}),
+        ("partial-view parts: 4 corner windows, 2/3 of each side", {"parts": "corners"}),
+    ):
+        q2, g2 = both(**kw)
+        yield label, {"maxsim-10": (q2, g2)}
+    before = {"p_global": 1, "p_parts": 1, "roi_sizes": (3,) * 5}
+    for label, kw in (("before: mean pooling, N = 3, one pass (224 px)", before),
+                      ("first round: GeM, N = 1, one pass (224 px)", {})):
+        yield label, {"maxsim-10": (readout(*big["queries"], **kw), readout(*big["gallery"], **kw))}
+    yield "query 15 tokens (+ its 160 px pass's 5 cues) vs the kept gallery", {
+        "maxsim-10": (torch.cat([q, tokens("queries", layout="cues160")[:, 5:]], 1), g)}
+
+
+def run3(args) -> int:
+    """Round 3: ``round3_variants`` over the encoder caches of ``--seeds``, Recall@1 pooled with intervals."""
+    from eval_hard_cases import paired_bootstrap, pooled_table, query_hits, wilson_interval
+
+    from regis.data.hard_cases import QUERY_KINDS
+    from regis.scores.maxsim import maxsim_scores
+
+    torch.set_num_threads(1)
+    hits, kinds, photos = {}, [], []
+    for seed in args.seeds:
+        hard, _ = load_hard_set(args.repeats, seed)
+        m = load_encoder_maps(args.cache, seed, args.repeats, len(hard.queries))
+        kinds += [it.kind for it in hard.queries]
+        photos += [it.photo for it in hard.queries]
+        for name, scorers in round3_variants(m):
+            if args.only and not any(o in name for o in args.only) and not name.startswith("kept"):
+                continue
+            for scorer, (q, g) in scorers.items():
+                h = query_hits(maxsim_scores(q, g, chunk_size=64), hard.relevance)
+                hits.setdefault((name, scorer), []).append(h)
+    kinds, photos = np.array(kinds), np.array(photos)
+    pooled = {key: {k: np.concatenate([h[k] for h in hs]) for k in hs[0]} for key, hs in hits.items()}
+    kept = next(k for k in pooled if k[0].startswith("kept"))[0]
+    print(f"seeds {args.seeds}: {len(kinds)} queries; Recall@1 pooled, 95 % intervals")
+    print(pooled_table({s: v for (n, s), v in pooled.items() if n == kept}, kinds, photos))
+    order = ("all", *QUERY_KINDS[:-1])
+    print(f"\n{'variant (maxsim-10 unless said)':58s} " + " ".join(f"{k:>22s}" for k in order))
+    ref = pooled[(kept, "maxsim-10")]["R@1"]
+    rows = []
+    for (name, scorer), h in pooled.items():
+        cells, row = [], {"variant": name, "scorer": scorer, "kinds": {}}
+        for k in order:
+            sel = np.ones(len(kinds), bool) if k == "all" else kinds == k
+            r1 = h["R@1"][sel]
+            d, lo, hi = paired_bootstrap(r1, ref[sel], photos[sel])
+            lo_w, hi_w = wilson_interval(r1.sum(), int(sel.sum()))
+            cells.append(f"{r1.mean():.3f} {d:+.3f} [{lo:+.2f},{hi:+.2f}]")
+            row["kinds"][k] = {"n": int(sel.sum()), "R@1": float(r1.mean()), "R@1_95": [lo_w, hi_w],
+                               "mAP": float(h["mAP"][sel].mean()), "minus_kept": [d, lo, hi]}
+        rows.append(row)
+        label = name if scorer == "maxsim-10" else f"{name[:40]} [{scorer}]"
+        print(f"{label[:58]:58s} " + " ".join(f"{c:>22s}" for c in cells), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "seeds": args.seeds,
+                                         "repeats": args.repeats, "queries": len(kinds), "rows": rows},
+                                        indent=2) + "\n")
+    return 0
+
+
 def run(args) -> int:
     from regis.scores.maxsim import maxsim_scores
 
@@ -238,17 +420,27 @@ def run(args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("cache", "run"))
+    ap.add_argument("what", choices=("cache", "run", "run3"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="*", default=[224, 320, 160])
+    ap.add_argument("--encoder", action="store_true",
+                    help="cache: the default encoder's two passes (what the third round reads)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=None, help="several seeds (default: --seed)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--only", nargs="*", default=None, help="run the variants whose name contains one of these")
     args = ap.parse_args()
     if args.what == "cache":
-        fill_cache(args.cache, args.seed, args.sizes, args.repeats)
+        for seed in args.seeds or [args.seed]:
+            if args.encoder:
+                fill_encoder_cache(args.cache, seed, args.repeats)
+            if args.sizes:
+                fill_cache(args.cache, seed, args.sizes, args.repeats)
         return 0
+    if args.what == "run3":
+        args.seeds = args.seeds or [args.seed]
+        return run3(args)
     return run(args)
 
 

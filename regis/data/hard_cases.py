@@ -12,6 +12,10 @@ Query kinds (``QUERY_KINDS``), each an edited copy of a region of one photo:
 - ``rotate``: the whole photo rotated 10-25 degrees, cut to the largest upright rectangle inside, JPEG q90;
 - ``color``: the whole photo with a hue shift, saturation x0.3-1.7 and gamma 0.6-1.6, PNG;
 - ``jpeg``: the whole photo downscaled to 20-35 % and saved as JPEG q5-15;
+- ``color-jpeg``: colour shift and compression together, each stronger than ``color`` (where every readout
+  scores 1.000): hue rotated 90-270 degrees, saturation x0-2, gamma 0.4-2.5, contrast x0.5-1.5, then downscaled
+  to 30-50 % and saved as JPEG q15-35. Drawn from its own random stream (``seed``, 1), so adding it left the
+  other kinds' queries unchanged;
 - ``stereo``: the natural second view: scikit-image's right stereo image against the left one (1 query).
 
 Which gallery items are right answers follows from geometry: every item and query carries its box in the
@@ -36,7 +40,7 @@ from regis.images.decode import decode_image
 
 Box = tuple[float, float, float, float]  # (x0, y0, x1, y1) in source-photo pixels
 
-QUERY_KINDS = ("view", "tile", "partial", "rotate", "color", "jpeg", "stereo")
+QUERY_KINDS = ("view", "tile", "partial", "rotate", "color", "jpeg", "color-jpeg", "stereo")
 GALLERY_KINDS = ("photo", "tile", "overlap", "burst")
 MIN_SHOWN = 0.75  # an item must show this fraction of the query's region ...
 MIN_FILL = 0.30  # ... and the region must fill this fraction of the item
@@ -157,8 +161,21 @@ def _hue_shift(img: Image.Image, rng: np.random.Generator) -> Image.Image:
     return Image.fromarray((255.0 * rgb ** rng.uniform(0.6, 1.6)).round().astype(np.uint8))
 
 
-def query_items(name: str, img: Image.Image, rng: np.random.Generator, repeats: int) -> list[Item]:
-    """``repeats`` queries of each synthetic kind (all but ``stereo``) for one photo."""
+def _strong_color_jpeg(img: Image.Image, rng: np.random.Generator) -> bytes:
+    """The ``color-jpeg`` edit (module docstring): strong colour shift, then downscale and heavy JPEG."""
+    hsv = np.asarray(img.convert("HSV")).copy()
+    hsv[..., 0] = (hsv[..., 0].astype(np.int32) + int(rng.integers(64, 193))) % 256
+    hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(0.0, 2.0), 0, 255)
+    rgb = np.asarray(Image.fromarray(hsv, "HSV").convert("RGB"), dtype=np.float64) / 255.0
+    out = Image.fromarray((255.0 * rgb ** rng.uniform(0.4, 2.5)).round().astype(np.uint8))
+    out = ImageEnhance.Contrast(out).enhance(rng.uniform(0.5, 1.5))
+    return encode_jpeg(_scale(out, rng.uniform(0.3, 0.5)), int(rng.integers(15, 36)))
+
+
+def query_items(name: str, img: Image.Image, rng: np.random.Generator, repeats: int,
+                rng_extra: np.random.Generator | None = None) -> list[Item]:
+    """``repeats`` queries of each synthetic kind (all but ``stereo``) for one photo; ``color-jpeg`` draws from
+    ``rng_extra`` (its own stream, so the other kinds do not depend on it; None: skipped)."""
     w, h = img.size
     out = []
     tiles = tile_boxes(w, h)
@@ -190,6 +207,9 @@ def query_items(name: str, img: Image.Image, rng: np.random.Generator, repeats: 
 
         small = _scale(img, rng.uniform(0.2, 0.35))
         out.append(Item(_decoded(encode_jpeg(small, int(rng.integers(5, 16)))), name, "jpeg", (0, 0, w, h)))
+    if rng_extra is not None:
+        for _ in range(repeats):
+            out.append(Item(_decoded(_strong_color_jpeg(img, rng_extra)), name, "color-jpeg", (0, 0, w, h)))
     return out
 
 
@@ -213,15 +233,16 @@ def build_hard_set(photos: list[Path], repeats: int = 3, seed: int = 0, stereo_d
             there, the right image becomes the one ``stereo`` query (box: the whole left photo).
 
     Returns:
-        ``HardSet`` with 16 gallery items per photo and ``6 * repeats`` queries per photo (+ 1 stereo query).
+        ``HardSet`` with 16 gallery items per photo and ``7 * repeats`` queries per photo (+ 1 stereo query).
     """
     rng = np.random.default_rng(seed)
+    rng_extra = np.random.default_rng([seed, 1])
     gallery: list[Item] = []
     queries: list[Item] = []
     for path in photos:
         img = decode_image(path).image
         gallery += gallery_items(path.name, img, rng)
-        queries += query_items(path.name, img, rng, repeats)
+        queries += query_items(path.name, img, rng, repeats, rng_extra)
     left, right = STEREO_PAIR
     if stereo_dir is not None and (stereo_dir / right).is_file() and any(p.name == left for p in photos):
         img = decode_image(stereo_dir / right).image
