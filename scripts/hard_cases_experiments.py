@@ -113,7 +113,8 @@ def main() -> int:
             result["metrics"]["typed"] = kind_metrics(typed_maxsim(tq, tg), hard.relevance, kinds)
             result["vectors_per_image"]["typed"] = 10
         print_table(result, f"== {name}")
-        rows.append({"change": name, "frame": FRAMES[key], "readout": readout, **result})
+        rows.append({"change": name, "frame": FRAMES[key], "readout": readout,
+                     **{k: v for k, v in result.items() if k != "hits"}})
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps({
