@@ -334,6 +334,24 @@ def round3_variants(m: dict):
     ):
         q2, g2 = both(**kw)
         yield label, {"maxsim-10": (q2, g2)}
+    def mixed(side):  # the global cue's ROI token from the 224 px map, the parts' from the 160 px map
+        (bp, bg), (sp, sg) = big[side], small[side]
+        cues, scues = cue_tokens(bp, bg), cue_tokens(sp, sg)
+        r224 = roi(bp, bg, buddies(cues, bp, bg), [1] * 5)[:, :1]
+        r160 = roi(sp, sg, buddies(scues, sp, sg), [1] * 5)[:, 1:]
+        return F.normalize(torch.cat([cues, r224, r160], 1), dim=-1)
+
+    yield "ROI: the global cue's at 224 px, the parts' at 160 px", {"maxsim-10": (mixed("queries"), mixed("gallery"))}
+
+    def grid9(side):  # global token at 224 px + GeM of the 3 x 3 cells of the 160 px map (no ROI tokens)
+        (bp, bg), (sp, sg) = big[side], small[side]
+        d, (h, w) = sp.shape[-1], sg
+        fmap = sp.transpose(1, 2).reshape(len(sp), d, h, w).clamp(min=1e-6).pow(3.0)
+        cells = F.adaptive_avg_pool2d(fmap, 3).pow(1 / 3).flatten(2).transpose(1, 2)
+        return F.normalize(torch.cat([cue_tokens(bp, bg)[:, :1], cells], 1), dim=-1)
+
+    yield "tokens: global at 224 + 3 x 3 GeM cells of the 160 px map", {
+        "maxsim-10": (grid9("queries"), grid9("gallery"))}
     before = {"p_global": 1, "p_parts": 1, "roi_sizes": (3,) * 5}
     for label, kw in (("before: mean pooling, N = 3, one pass (224 px)", before),
                       ("first round: GeM, N = 1, one pass (224 px)", {})):
