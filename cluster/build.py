@@ -13,11 +13,18 @@
    end of each chunk every shard commits (a checkpoint). A killed build leaves each shard on a complete
    version; the next run plans from what the shards hold, so it embeds only what is missing, under the same
    ids: no duplicates, no losses.
+
+Usage stats: the build runs with Ray's documented opt-out ``RAY_USAGE_STATS_ENABLED=0`` unless the environment
+sets it (``=1`` opts in), as the nodes ``cluster.local`` starts (``--disable-usage-stats``) and a local
+``ray.init()`` do. Otherwise a driver connected to a cluster starts Ray Data's usage collection, whose
+``data-usage-metrics-poller`` thread queries Prometheus (``RAY_PROMETHEUS_HOST``, default localhost:9090) every
+10 s for the rest of the process's life, with no way to stop it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +39,8 @@ from regis.images.decode import DEFAULT_MAX_PIXELS
 from regis.models.encoder import RegisEncoder
 from regis.sharding.layout import read_layout
 from regis.sharding.write import ShardedWriter
+
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
 
 
 @dataclass
@@ -219,6 +228,7 @@ def build_ray(
     if not root.is_dir():
         raise ConfigError(f"image folder {root} does not exist or is not a directory")
     collection = Path(collection).expanduser().resolve()
+    os.environ.setdefault(USAGE_STATS_ENV, "0")  # read by Ray Data when an execution starts (module docstring)
     if not ray.is_initialized():
         ray.init(address=settings.address, namespace=settings.namespace, log_to_driver=False)
     kwargs = dict(faiss_spec=faiss_spec, nprobe=nprobe, images_root=str(root), token_store=token_store, depth=depth)

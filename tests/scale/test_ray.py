@@ -109,6 +109,8 @@ def ray_collection(ray_cluster, tmp_path_factory, images, tiny_encoder):
     report = build_ray(images, collection, tiny_encoder, SHARDS,
                        RaySettings(**{**SETTINGS, "build_checkpoint_images": 1000}))
     assert report.added == PHOTOS and report.checkpoints == 1 and not report.skipped
+    # Ray Data's usage collection is off (RAY_USAGE_STATS_ENABLED=0): no endless Prometheus poller is left behind
+    assert "data-usage-metrics-poller" not in [t.name for t in threading.enumerate()]
     return collection
 
 
