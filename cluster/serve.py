@@ -18,9 +18,11 @@ Deployments:
   (``regis.sharding.search.merge_top_k``). A shard that fails or does not answer within
   ``REGIS_RAY_SHARD_TIMEOUT_S`` makes the query a 503 ``shards_unavailable`` (default), or, with
   ``REGIS_RAY_ON_MISSING_SHARDS=partial``, a 200 with ``partial: true`` and ``missing_shards``: never a
-  silently incomplete ranking. Not on Ray: explanations (``explain=true``, POST /v1/explain: 501
-  ``not_supported``) and writes (uploads, deletes, metadata changes, index jobs: 501 ``not_supported``; update
-  the collection with ``regis index build --ray``, the shards follow their new versions).
+  silently incomplete ranking. Explanations (``explain=true``, POST /v1/explain): the query is encoded with its
+  buddy patches by ``Encoder.explain_encode`` (one image per call, outside the batch), each result is explained
+  by its own shard deployment (``Shard.call("explain")``, from the shard's stored tokens and buddy patches). Not on
+  Ray: writes (uploads, deletes, metadata changes, index jobs: 501 ``not_supported``; update the collection with
+  ``regis index build --ray``, the shards follow their new versions).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from regis.sharding.layout import collection_manifest, read_layout
 from service.settings import Settings
 
 log = logging.getLogger("regis.cluster")
-SHARD_METHODS = frozenset({"records", "select", "tokens", "info"})  # what ``Shard.call`` runs besides search
+# what ``Shard.call`` runs besides search
+SHARD_METHODS = frozenset({"records", "select", "tokens", "info", "explain", "stored_image"})
 
 
 def _wrapped(fn, *args):
@@ -95,6 +98,16 @@ class Encoder:
         tokens = await asyncio.to_thread(self._forward, np.stack(pixels))
         return list(tokens)
 
+    async def explain_encode(self, pixels: np.ndarray, with_patches: bool) -> tuple:
+        """``regis.retrieve.explain.explain_encode`` of one (1, 3, H, W) float32 transformed image: tokens,
+        buddy patches, grid and (with ``with_patches``) patch tokens, for explanations (not batched; in a
+        thread, so the batched ``encode`` keeps running)."""
+        import torch
+
+        from regis.retrieve.explain import explain_encode
+
+        return await asyncio.to_thread(explain_encode, self.encoder, torch.from_numpy(pixels), with_patches)
+
     def stats(self) -> dict:
         """{"batch_sizes": the sizes of the last (up to 1,000) forward passes}."""
         return {"batch_sizes": list(self.batch_sizes)}
@@ -139,7 +152,7 @@ class Shard:
         return await asyncio.to_thread(self._search_batch, requests)
 
     def call(self, method: str, *args) -> tuple:
-        """``ShardSearcher.<method>(*args)`` for ``method`` in records, select, tokens, info (``_wrapped``)."""
+        """``ShardSearcher.<method>(*args)`` for ``method`` in ``SHARD_METHODS`` (``_wrapped``)."""
         if method not in SHARD_METHODS:
             return ("error", "ConfigError", f"unknown shard method {method!r}")
         return _wrapped(getattr(self.live.current(), method), *args)
@@ -214,6 +227,20 @@ class RemoteEncoder:
             log.warning("encoder did not answer: %s", type(exc).__name__)
             raise EncoderUnavailableError("the encoder did not answer; retry later") from None
         return torch.from_numpy(np.stack(out))
+
+    def explain_encode(self, pixels, with_patches: bool = False) -> tuple:
+        """``regis.retrieve.explain.explain_encode`` on the deployment: (1, 3, H, W) float32 tensor -> tokens
+        (T, D) float32, buddies (R + 1,) int64, grid (h, w), patches (h * w, D) float32 or None.
+
+        Raises:
+            EncoderUnavailableError: the deployment failed or did not answer in time.
+        """
+        response = self.handle.explain_encode.remote(np.ascontiguousarray(pixels.numpy()), with_patches)
+        try:
+            return response.result(timeout_s=self.timeout_s)
+        except Exception as exc:
+            log.warning("encoder did not answer: %s", type(exc).__name__)
+            raise EncoderUnavailableError("the encoder did not answer; retry later") from None
 
 
 def _ray_live(service: Settings, engine: ShardedQueryEngine):

@@ -48,6 +48,23 @@ def lite0_encoder():
     return build_encoder("efficientnet-lite0")
 
 
+def assert_same_json(got, want, where: str = "", atol: float = 1e-4) -> None:
+    """Equal JSON answers, floats to ``atol`` (scores, cosines), timings and index versions aside."""
+    if isinstance(want, dict):
+        skip = {"timings_ms", "index_version"}
+        assert set(got) - skip == set(want) - skip, where
+        for key in set(want) - skip:
+            assert_same_json(got[key], want[key], f"{where}.{key}", atol)
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same_json(g, w, f"{where}[{i}]", atol)
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=atol), where
+    else:
+        assert got == want, where
+
+
 def build(images: Path, index: Path, encoder, **kwargs):
     """Build or update an index quietly (no progress bar, decoding in-process)."""
     from indexer.build import BuildOptions, build_index

@@ -1,8 +1,11 @@
 """Explained search: the query's tokens and boxes, and per result which result token each query token matched.
 
 Glue between the query engine (``regis.retrieve.query``), the index snapshot (stored tokens and buddy patches)
-and the scoring explanations (``regis.scores.explain``). Nothing here re-encodes an indexed image except the
-pair view (``explain_pair``), which needs the result's patch tokens for its heatmap.
+and the scoring explanations (``regis.scores.explain``). The engine supplies what the index stores
+(``QueryEngine.explain_hits`` / ``stored_image``): from its snapshot, or, on a sharded collection, from the shard
+each image lives in (``regis.sharding.engine``), which computes its results' explanations itself. Nothing here
+re-encodes an indexed image except the pair view (``explain_pair``), which needs the result's patch tokens for its
+heatmap.
 
 JSON shapes (documented field by field in ``service.schemas_explain``):
     query:       {"width", "height", "grid": [h, w], "tokens": [{"index", "name", "kind", "box"}]}
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from regis.errors import ImageDecodeError, NotSupportedError, RegisError
+from regis.errors import ImageDecodeError, RegisError
 from regis.images.decode import decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.models.encoder import EncoderConfig
@@ -54,8 +57,38 @@ class EncodedImage:
     timings_ms: dict[str, float]
 
 
+def explain_encode(encoder, pixels: torch.Tensor, with_patches: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, int], np.ndarray | None]:
+    """Encode one transformed image keeping its buddy patches (and, if asked, its patch tokens).
+
+    An encoder that is not in this process (Ray Serve's ``cluster.serve.RemoteEncoder``) provides its own
+    ``explain_encode(pixels, with_patches)`` method with this contract, and that method is used instead.
+
+    Args:
+        encoder: a ``regis.models.encoder.RegisEncoder`` (or an object with ``explain_encode``).
+        pixels: (1, 3, H, W) float32, the encoder's eval transform of the image.
+        with_patches: also return the patch tokens (one more backbone pass; for heatmaps).
+
+    Returns:
+        tokens (T, D) float32 unit-norm, buddies (R + 1,) int64, the patch grid (h, w), and the (h * w, D)
+        float32 patch tokens of the pass the buddies are on (a CNN's ROI pass, else the one pass) or None.
+    """
+    remote = getattr(encoder, "explain_encode", None)
+    if remote is not None:
+        return remote(pixels, with_patches)
+    tokens, buddies, grid = encoder.encode_with_buddies(pixels)
+    patches = None
+    if with_patches:
+        with torch.inference_mode():
+            # the pass the buddy patches are on (a CNN's smaller ROI pass, else the one pass): same grid
+            x = pixels.to(tokens.device)
+            parts = encoder.forward_roi_parts(x) or encoder.forward_parts(x)
+            patches = parts[1][0].float().cpu().numpy()
+    return (tokens[0].float().cpu().numpy(), buddies[0].cpu().numpy(), (int(grid[0]), int(grid[1])), patches)
+
+
 def encode_image(engine, data: bytes, with_patches: bool = False) -> EncodedImage:
-    """Decode and encode image bytes with the engine's encoder, keeping the buddy patches.
+    """Decode and encode image bytes with the engine's encoder, keeping the buddy patches (``explain_encode``).
 
     Args:
         engine: a ``QueryEngine`` (its encoder, transform and pixel limit are used).
@@ -64,22 +97,15 @@ def encode_image(engine, data: bytes, with_patches: bool = False) -> EncodedImag
 
     Raises:
         ImageDecodeError: not a decodable image.
+        EncoderUnavailableError: a remote encoder did not answer.
     """
     t0 = time.perf_counter()
     decoded = decode_image(data, max_pixels=engine.max_pixels, draft_size=engine.encoder.config.resize_size)
     pixels = engine.transform(decoded.image)[None]
     t1 = time.perf_counter()
-    tokens, buddies, grid = engine.encoder.encode_with_buddies(pixels)
-    patches = None
-    if with_patches:
-        with torch.inference_mode():
-            # the pass the buddy patches are on (a CNN's smaller ROI pass, else the one pass): same grid
-            x = pixels.to(tokens.device)
-            parts = engine.encoder.forward_roi_parts(x) or engine.encoder.forward_parts(x)
-            patches = parts[1][0].float().cpu().numpy()
+    tokens, buddies, grid, patches = explain_encode(engine.encoder, pixels, with_patches)
     t2 = time.perf_counter()
-    return EncodedImage(tokens[0].float().cpu().numpy(), buddies[0].cpu().numpy(), (int(grid[0]), int(grid[1])),
-                        decoded.width, decoded.height, patches,
+    return EncodedImage(tokens, buddies, grid, decoded.width, decoded.height, patches,
                         {"decode": (t1 - t0) * 1e3, "encode": (t2 - t1) * 1e3})
 
 
@@ -126,10 +152,38 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
     return {"score": m.score, "matches": matches}
 
 
+@dataclass(frozen=True)
+class StoredImage:
+    """What an index stores of one live image for explanations.
+
+    Attributes:
+        tokens: (T, D) float16 tokens, as the rerank scores them.
+        buddies: (R + 1,) int64 buddy patches on ``grid`` (-1: unknown), or None (an index without them).
+        grid: (h, w) patch grid of the buddies, or None.
+        width, height: the image's size, pixels (its table row).
+    """
+
+    tokens: np.ndarray
+    buddies: np.ndarray | None
+    grid: tuple[int, int] | None
+    width: int
+    height: int
+
+
 def _stored_buddies(snapshot: IndexSnapshot, image_id: int) -> tuple[np.ndarray | None, tuple[int, int] | None]:
     if snapshot.buddies is None or snapshot.manifest.buddies is None or image_id >= len(snapshot.buddies):
         return None, None
     return snapshot.buddies[image_id], tuple(snapshot.manifest.buddies.grid)
+
+
+def stored_image(snapshot: IndexSnapshot, image_id: int) -> StoredImage | None:
+    """The stored tokens, buddy patches and size of image ``image_id`` of ``snapshot`` (None: not a live image)."""
+    rec = snapshot.table.get(int(image_id)) if 0 <= int(image_id) < 2**62 else None
+    ids = np.array([int(image_id)], dtype=np.int64)
+    if rec is None or not snapshot.store.is_live(ids)[0]:
+        return None
+    buddies, grid = _stored_buddies(snapshot, int(image_id))
+    return StoredImage(snapshot.store.get(ids)[0], buddies, grid, rec.width, rec.height)
 
 
 def explain_hits(snapshot: IndexSnapshot, query: np.ndarray, hits: list[dict]) -> None:
@@ -150,15 +204,6 @@ def explain_hits(snapshot: IndexSnapshot, query: np.ndarray, hits: list[dict]) -
         row += 1
 
 
-def require_explainable(engine) -> None:
-    """Raise ``NotSupportedError`` (with the reason) for an engine that cannot explain, such as a sharded
-    collection's (``regis.sharding.engine``: ``supports_explain`` False)."""
-    if not getattr(engine, "supports_explain", True):
-        from regis.sharding.engine import NOT_EXPLAINABLE
-
-        raise NotSupportedError(NOT_EXPLAINABLE)
-
-
 def search_explained(engine, data: bytes, **params) -> dict:
     """``QueryEngine.search_bytes`` plus explanations: a top-level ``query`` block and, per result, an
     ``explanation`` (see the module docstring). ``params`` go to ``QueryEngine.search_tokens``.
@@ -166,18 +211,14 @@ def search_explained(engine, data: bytes, **params) -> dict:
     Raises:
         ImageDecodeError: bad image bytes.
         ConfigError: bad search parameters.
-        NotSupportedError: the engine cannot explain (a sharded collection).
+        ShardsUnavailableError: a shard of a sharded collection did not answer.
     """
-    require_explainable(engine)
     t0 = time.perf_counter()
-    snapshot = engine.snapshot
     query = encode_image(engine, data)
     out = engine.search_tokens(query.tokens, **params)
     t1 = time.perf_counter()
-    if out["index_version"] != snapshot.version:  # a swap between the two reads: explain from the new one
-        snapshot = engine.snapshot
-    explain_hits(snapshot, query.tokens, out["results"])
-    out["query"] = query_json(snapshot.manifest.encoder, query)
+    engine.explain_hits(query.tokens, out["results"])  # from the live version (a swap meanwhile: the new one)
+    out["query"] = query_json(engine.snapshot.manifest.encoder, query)
     t2 = time.perf_counter()
     out["timings_ms"] = {**query.timings_ms, **out["timings_ms"], "explain": (t2 - t1) * 1e3,
                          "total": (t2 - t0) * 1e3}
@@ -192,22 +233,16 @@ def similar_explained(engine, image_id: int, **params) -> dict:
     Raises:
         KeyError: ``image_id`` is not a live image of the index served now.
         ConfigError: bad search parameters.
-        NotSupportedError: the engine cannot explain (a sharded collection).
+        ShardsUnavailableError: a shard of a sharded collection did not answer.
     """
-    require_explainable(engine)
     t0 = time.perf_counter()
     out = engine.search_id(image_id, **params)
     t1 = time.perf_counter()
-    snapshot = engine.snapshot
-    rec = snapshot.table.get(int(image_id))
-    ids = np.array([int(image_id)], dtype=np.int64)
-    if rec is None or not snapshot.store.is_live(ids)[0]:  # deleted by a swap meanwhile
-        raise KeyError(image_id)
-    tokens = snapshot.store.get(ids)[0].astype(np.float32)
-    buddies, grid = _stored_buddies(snapshot, int(image_id))
-    query = EncodedImage(tokens, buddies, grid, rec.width, rec.height, None, {})
-    explain_hits(snapshot, tokens, out["results"])
-    out["query"] = query_json(snapshot.manifest.encoder, query)
+    stored = engine.stored_image(int(image_id))  # KeyError: deleted by a swap meanwhile
+    tokens = stored.tokens.astype(np.float32)
+    query = EncodedImage(tokens, stored.buddies, stored.grid, stored.width, stored.height, None, {})
+    engine.explain_hits(tokens, out["results"])
+    out["query"] = query_json(engine.snapshot.manifest.encoder, query)
     t2 = time.perf_counter()
     out["timings_ms"] = {**out["timings_ms"], "explain": (t2 - t1) * 1e3, "total": (t2 - t0) * 1e3}
     return out
@@ -231,18 +266,17 @@ def explain_pair(engine, query_data: bytes, image_id: int, image_data: bytes) ->
         ImageDecodeError: the query cannot be decoded.
         ResultImageError: the indexed image's bytes cannot be decoded.
         KeyError: ``image_id`` is not live in the index.
-        NotSupportedError: the engine cannot explain (a sharded collection).
+        ShardsUnavailableError: the shard of ``image_id`` (sharded collection) did not answer.
     """
-    require_explainable(engine)
     snapshot = engine.snapshot
     config = snapshot.manifest.encoder
-    doc = snapshot.store.get(np.array([image_id], dtype=np.int64))[0]
+    stored = engine.stored_image(int(image_id))
     query = encode_image(engine, query_data)
     try:
         result = encode_image(engine, image_data, with_patches=True)
     except ImageDecodeError as exc:
         raise ResultImageError(f"the file of image {image_id} no longer decodes: {exc}") from exc
-    buddies, grid = _stored_buddies(snapshot, image_id)
+    buddies, grid = stored.buddies, stored.grid
     if buddies is None or (buddies < 0).any():
         buddies, grid = result.buddies, result.grid
     heat = patch_heatmap(query.tokens, result.patches, result.grid)
@@ -250,7 +284,7 @@ def explain_pair(engine, query_data: bytes, image_id: int, image_data: bytes) ->
         "index_version": snapshot.version,
         "query": query_json(config, query),
         "result": {"id": image_id, "width": result.width, "height": result.height},
-        "explanation": explain_tokens(config, query.tokens, doc, buddies, grid, result.width, result.height),
+        "explanation": explain_tokens(config, query.tokens, stored.tokens, buddies, grid, result.width, result.height),
         "heatmap": {"grid": list(result.grid), "region": _box(input_region(config, result.width, result.height)),
                     "values": np.round(heat, 3).tolist()},
     }

@@ -209,6 +209,33 @@ class QueryEngine:
         tokens = searcher.snapshot.store.get(ids)[0].astype(np.float32)
         return self.search_tokens(tokens, **params)
 
+    def explain_hits(self, query: np.ndarray, hits: list[dict]) -> None:
+        """Add an ``explanation`` to each hit of a search answer (``regis.retrieve.explain.explain_hits`` on the
+        live snapshot: the result's stored tokens and buddy patches; None for a hit no longer live).
+
+        Args:
+            query: (m, D) float32 query tokens.
+            hits: the ``results`` of a ``search_tokens`` answer (dicts with "id", "width", "height"); changed in
+                place.
+        """
+        from regis.retrieve.explain import explain_hits
+
+        explain_hits(self.snapshot, query, hits)
+
+    def stored_image(self, image_id: int):
+        """What the live snapshot stores of image ``image_id`` for explanations
+        (``regis.retrieve.explain.StoredImage``: float16 tokens, buddy patches, size).
+
+        Raises:
+            KeyError: no live image ``image_id``.
+        """
+        from regis.retrieve.explain import stored_image
+
+        stored = stored_image(self.snapshot, int(image_id))
+        if stored is None:
+            raise KeyError(image_id)
+        return stored
+
     def search_bytes(self, data: bytes, k: int = 10, depth: int | None = None, mode: Mode = "ann",
                      nprobe: int | None = None, candidates: str | None = None, **extra) -> dict:
         """Query by image bytes.

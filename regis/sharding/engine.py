@@ -3,7 +3,8 @@
 ``ShardedQueryEngine`` decodes and encodes a query once, fans the query tokens out to every shard, merges their
 exact MaxSim top-k (``regis.sharding.search.merge_top_k``) and pages the merged list. The shards are reached
 through *shard clients* with one method, ``call(method, *args)`` -> a handle whose ``result()`` gives the answer
-of ``ShardSearcher.<method>`` (``search``, ``select``, ``records``, ``tokens``, ``info``):
+of ``ShardSearcher.<method>`` (``search``, ``select``, ``records``, ``tokens``, ``info``, ``explain``,
+``stored_image``):
 
 - ``LocalShard``: the shard opened in this process (embedded ``regis serve`` on a sharded collection);
 - ``cluster.serve.RayShard``: a Ray Serve shard deployment (``regis serve --ray``).
@@ -16,6 +17,11 @@ other shards with ``partial: true`` and ``missing_shards``: never a silently inc
 ``snapshot`` is a ``ShardedView``: what the routes read of an ``IndexSnapshot`` (``version``, ``name``,
 ``len()``, ``manifest``, ``index_dir``, ``table.get / get_many / select_where``). The collection's version is
 the sum of its shards' versions (it grows whenever any shard publishes a version; the query cache keys on it).
+
+Explanations (``explain=true``, POST /v1/explain): each result lives in one shard (``shard_of``), an ordinary
+regis index with its own stored tokens and buddy patches, so that shard explains it (``explain_hits``: one call
+per shard holding results, in parallel; ``stored_image``: one call to the image's shard). They equal the
+unsharded index's explanations of the same images.
 """
 
 from __future__ import annotations
@@ -37,8 +43,6 @@ from regis.sharding.search import ShardSearcher, merge_top_k
 
 READ_ONLY = ("a sharded collection is served read-only: add, change or delete images by building it again with "
              "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally)")
-NOT_EXPLAINABLE = ("explanations are not available on a sharded collection (they need each result's stored buddy "
-                   "patches in one index); search without explain, or serve an unsharded index")
 
 
 class _Done:
@@ -188,8 +192,6 @@ class ShardedQueryEngine(QueryEngine):
         ShardsUnavailableError: with ``refresh``, a shard does not answer.
     """
 
-    supports_explain = False
-
     def __init__(self, encoder, shards: list, collection: Path | str, manifest, device: str = "cpu",
                  max_pixels: int = DEFAULT_MAX_PIXELS, on_missing: str = "error", refresh: bool = True):
         if on_missing not in ("error", "partial"):
@@ -328,6 +330,44 @@ class ShardedQueryEngine(QueryEngine):
         if tokens is None:
             raise KeyError(image_id)
         return self.search_tokens(np.asarray(tokens, dtype=np.float32), **params)
+
+    # ----------------------------------------------------------------- explain
+    def explain_hits(self, query: np.ndarray, hits: list[dict]) -> None:
+        """``QueryEngine.explain_hits`` on a sharded collection: each result is explained by its own shard
+        (``ShardSearcher.explain``), the shards holding results called in parallel.
+
+        Args:
+            query: (m, D) float32 query tokens.
+            hits: the ``results`` of a ``search_tokens`` answer (global ids); changed in place.
+
+        Raises:
+            ShardsUnavailableError: a shard holding results did not answer.
+        """
+        query = np.ascontiguousarray(query, dtype=np.float32)
+        groups: dict[int, list[dict]] = {}
+        for hit in hits:
+            groups.setdefault(int(shard_of(int(hit["id"]), self.num_shards)), []).append(hit)
+        calls = {s: self.shards[s].call("explain", query, [{"id": int(h["id"]), "width": h.get("width"),
+                                                            "height": h.get("height")} for h in group])
+                 for s, group in groups.items()}
+        for s, call in calls.items():
+            for hit, explanation in zip(groups[s], self._answer(s, call, required=True), strict=True):
+                hit["explanation"] = explanation
+
+    def stored_image(self, image_id: int):
+        """``QueryEngine.stored_image``, asked of the image's shard.
+
+        Raises:
+            KeyError: no live image ``image_id``.
+            ShardsUnavailableError: its shard does not answer.
+        """
+        if not 0 <= int(image_id) < 2**62:
+            raise KeyError(image_id)
+        s = int(shard_of(int(image_id), self.num_shards))
+        stored = self._answer(s, self.shards[s].call("stored_image", int(image_id)), required=True)
+        if stored is None:
+            raise KeyError(image_id)
+        return stored
 
     def close(self) -> None:
         """Close the shard clients that hold resources (local shards)."""

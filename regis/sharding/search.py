@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from regis.errors import IndexFormatError
+from regis.errors import ConfigError, IndexFormatError
 from regis.indexes.layout import read_current
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
@@ -124,6 +124,44 @@ class ShardSearcher:
         local = to_local(np.array([image_id]), self.num_shards)
         store = self.searcher.snapshot.store
         return store.get(local)[0] if store.is_live(local)[0] else None
+
+    def explain(self, query: np.ndarray, hits: list[dict]) -> list[dict | None]:
+        """The explanations of this shard's results (``regis.retrieve.explain.explain_hits`` on the shard's live
+        version: its stored tokens and buddy patches), in the order of ``hits``.
+
+        Args:
+            query: (m, D) float32 query tokens.
+            hits: {"id": global id of this shard, "width", "height"} of each result to explain.
+
+        Returns:
+            One explanation dict per hit (see ``regis.retrieve.explain``), None for a hit no longer live here.
+
+        Raises:
+            ConfigError: an id that belongs to another shard.
+        """
+        from regis.retrieve.explain import explain_hits
+
+        ids = np.array([int(h["id"]) for h in hits], dtype=np.int64)
+        if (shard_of(ids, self.num_shards) != self.shard).any():
+            raise ConfigError(f"ids {ids[shard_of(ids, self.num_shards) != self.shard].tolist()} are not in shard "
+                              f"{self.shard} of {self.num_shards}")
+        if self.searcher is None:
+            return [None] * len(hits)
+        local = [{"id": int(i), "width": h.get("width"), "height": h.get("height")}
+                 for i, h in zip(to_local(ids, self.num_shards), hits, strict=True)]
+        explain_hits(self.searcher.snapshot, np.asarray(query, dtype=np.float32), local)
+        return [h["explanation"] for h in local]
+
+    def stored_image(self, image_id: int):
+        """What the shard stores of the live image with global id ``image_id`` for explanations
+        (``regis.retrieve.explain.StoredImage``), or None: not a live image of this shard."""
+        from regis.retrieve.explain import stored_image
+
+        if self.searcher is None or not 0 <= int(image_id) < 2**62:
+            return None
+        if int(shard_of(int(image_id), self.num_shards)) != self.shard:
+            return None
+        return stored_image(self.searcher.snapshot, int(to_local(np.array([int(image_id)]), self.num_shards)[0]))
 
     def info(self) -> dict:
         """{"shard", "version", "name", "images"} (None, None, 0 for an empty shard)."""

@@ -159,7 +159,8 @@ class ShardedWriter:
 
 def split_index(index_dir: Path | str, collection: Path | str, num_shards: int, chunk: int = 4096,
                 **writer_kwargs) -> list[Manifest | None]:
-    """Copy the live images of an unsharded index into a new sharded collection, same ids and tokens.
+    """Copy the live images of an unsharded index into a new sharded collection, same ids, tokens and buddy
+    patches (when the index stores them: explanations then equal the unsharded index's).
 
     Args:
         index_dir: the unsharded index.
@@ -180,11 +181,13 @@ def split_index(index_dir: Path | str, collection: Path | str, num_shards: int, 
     try:
         m = snap.manifest
         writer_kwargs.setdefault("images_root", m.images_root)
+        grid = tuple(m.buddies.grid) if snap.buddies is not None and m.buddies is not None else None
         with ShardedWriter(collection, num_shards, m.encoder, m.weights, **writer_kwargs) as w:
             w.allocate_ids(m.next_id)
             for ids, tokens in snap.store.iter_chunks(chunk):
                 recs = snap.table.get_many(ids.tolist())
-                w.put([recs[int(i)] for i in ids], np.asarray(tokens, dtype=np.float32))
+                buddies = np.asarray(snap.buddies[ids]) if grid is not None else None
+                w.put([recs[int(i)] for i in ids], np.asarray(tokens, dtype=np.float32), buddies=buddies, grid=grid)
             return w.commit()
     finally:
         snap.close()

@@ -39,7 +39,7 @@ def _explain(engine: QueryEngine, settings: Settings, query: bytes, image_id: in
 @router.post(
     "/explain",
     response_model=PairExplanation,
-    responses={code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422)},
+    responses={code: {"model": ErrorResponse} for code in (400, 404, 409, 413, 422, 503)},
 )
 async def explain(
     file: Annotated[UploadFile, File(description="the query image (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
@@ -49,6 +49,8 @@ async def explain(
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> dict:
     """Explain one result: which of its tokens each query token matched (similarity, share of the score, ROI
-    boxes on both images) and a heatmap per query token over the result's patches. Re-encodes both images."""
+    boxes on both images) and a heatmap per query token over the result's patches. Re-encodes both images.
+    On a sharded collection the image's shard supplies its stored tokens and buddy patches (503
+    ``shards_unavailable`` when it does not answer)."""
     data = await read_upload(file, settings.max_upload_bytes)
     return await run_in_threadpool(_explain, engine, settings, data, id)

@@ -43,7 +43,8 @@ async def search(
     mode: Annotated[Literal["ann", "exact"], Query(description="ann: candidates + rerank; exact: score all")] = "ann",
     explain: Annotated[bool, Query(description="add each result's explanation (which result token each query "
                                                "token matched, its similarity and share of the score, ROI boxes) "
-                                               "and the query's tokens")] = False,
+                                               "and the query's tokens; on a sharded collection each result's "
+                                               "shard explains it")] = False,
     extras: Annotated[dict, Depends(search_extras)] = None,
 ) -> dict:
     """Rank the indexed images by MaxSim similarity to the uploaded image (with ``explain=true``: and say why)."""

@@ -3,8 +3,8 @@
 
 A ``--ray`` build equals the single-machine build of the same folder (same ids, rows and tokens), a killed build
 resumes without duplicates or losses, Ray Serve's sharded search equals the unsharded exact search, the Ray
-ingress is ``regis serve``'s API (same routes and errors; explanations and writes a clear 501), and killing a
-shard replica mid-load leaves every request answered or failed with a clear error.
+ingress is ``regis serve``'s API (same routes and errors, explanations computed by the shard deployments; writes
+a clear 501), and killing a shard replica mid-load leaves every request answered or failed with a clear error.
 
 Tiny random encoder and 8 of the bundled photos: the cost is Ray itself (the nodes, the Serve replicas). Skipped
 when Ray is not installed (``pip install 'regis[ray]'``; ``make test`` installs it) or with REGIS_SKIP_RAY=1.
@@ -31,7 +31,7 @@ pytest.importorskip("ray.serve", reason="the Ray tests need Ray Serve: pip insta
 
 from cluster.local import LocalRayCluster  # noqa: E402
 from cluster.settings import RaySettings  # noqa: E402
-from conftest import build  # noqa: E402
+from conftest import assert_same_json, build  # noqa: E402
 from regis.indexes.snapshot import IndexSnapshot  # noqa: E402
 from regis.sharding.layout import read_layout, shard_dir  # noqa: E402
 
@@ -217,7 +217,7 @@ def test_ray_serve_sharded_search_equals_unsharded_exact(ray_app, ray_collection
 
 def test_the_ray_ingress_is_the_regis_serve_api(ray_app, ray_collection, single_index, images):
     """The routes of ``regis serve`` with its errors: images, files, similar, health, metrics, OpenAPI; what Ray
-    does not serve (explanations, writes) is a 501 that says so."""
+    does not serve (writes) is a 501 that says so."""
     import httpx
 
     data = sorted(images.iterdir())[0].read_bytes()
@@ -246,9 +246,36 @@ def test_the_ray_ingress_is_the_regis_serve_api(ray_app, ray_collection, single_
         assert health["status"] == "ok" and health["images"] == PHOTOS
         assert "regis_index_images 8.0" in c.get("/metrics").text
         assert "/v1/images/{image_id}/similar" in c.get("/openapi.json").json()["paths"]
-        for r in (_search(ray_app, data, explain="true"), c.delete("/v1/images/3"),
-                  c.post("/v1/images", files={"files": ("q.png", data, "image/png")})):
+        for r in (c.delete("/v1/images/3"), c.post("/v1/images", files={"files": ("q.png", data, "image/png")})):
             assert r.status_code == 501 and r.json()["error"]["code"] == "not_supported", r.text
+
+
+def test_ray_explanations_equal_the_embedded_ones(ray_app, ray_collection, images):
+    """``explain=true``, "more like this" explained and POST /v1/explain on Ray Serve (query encoded by the
+    encoder deployment, each result explained by its shard deployment) equal the embedded ``regis serve`` of the
+    same collection, result for result."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    data = sorted(images.iterdir())[1].read_bytes()
+    with TestClient(create_app(Settings(index_dir=ray_collection))) as embedded, \
+            httpx.Client(base_url=ray_app, timeout=120) as c:
+        params = {"k": PHOTOS, "mode": "exact", "explain": "true"}
+        got, want = _search(ray_app, data, **params), embedded.post(
+            "/v1/search", files={"file": ("q.png", data, "image/png")}, params=params)
+        assert got.status_code == want.status_code == 200, got.text
+        assert {h["id"] % SHARDS for h in got.json()["results"]} == set(range(SHARDS))
+        assert_same_json(got.json(), want.json())
+        got, want = (x.get("/v1/images/5/similar", params=params) for x in (c, embedded))
+        assert got.status_code == 200, got.text
+        assert_same_json(got.json(), want.json())
+        got, want = (x.post("/v1/explain", files={"file": ("q.png", data, "image/png")}, data={"id": "6"})
+                     for x in (c, embedded))
+        assert got.status_code == 200, got.text
+        assert_same_json(got.json(), want.json())
 
 
 def test_killing_a_shard_replica_mid_load_answers_or_fails_every_request_clearly(ray_app, images):
