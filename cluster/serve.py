@@ -79,8 +79,10 @@ class Encoder:
 
         m = collection_manifest(collection)
         device = "cuda" if settings.encoder_num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        # CPU: the folded, channels-last copy `regis serve` encodes queries with (same tokens, ~1.5x less CPU)
-        self.encoder = inference_copy(encoder_from_manifest(m.encoder, m.weights, weights, device))
+        # the encoder itself encodes explained queries (buddy patches, patch tokens: as `regis serve`);
+        # searches use the CPU inference copy `regis serve` encodes queries with (same tokens, less CPU)
+        self.model = encoder_from_manifest(m.encoder, m.weights, weights, device)
+        self.encoder = inference_copy(self.model)
         self.encode.set_max_batch_size(settings.max_batch_size)
         self.encode.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
         self.batch_sizes: list[int] = []
@@ -106,7 +108,7 @@ class Encoder:
 
         from regis.retrieve.explain import explain_encode
 
-        return await asyncio.to_thread(explain_encode, self.encoder, torch.from_numpy(pixels), with_patches)
+        return await asyncio.to_thread(explain_encode, self.model, torch.from_numpy(pixels), with_patches)
 
     def stats(self) -> dict:
         """{"batch_sizes": the sizes of the last (up to 1,000) forward passes}."""
