@@ -1,6 +1,7 @@
 """Adding uploaded images to an index and deleting images by id: one atomic index version each.
 
-Both run under the index's write lock (``IndexWriter``), which also serialises them with folder builds; files
+Both run under the index's write lock (``IndexWriter``; on a sharded collection every shard's, through
+``regis.sharding.write.CollectionWriter``, in global ids), which also serialises them with folder builds; files
 of uploads are moved into the uploads folder inside that lock, so an upload never races with the deletion of
 the same content. Both are idempotent: re-running a job that already committed changes nothing.
 """
@@ -106,7 +107,7 @@ def add_images(
     t0 = time.perf_counter()
     report = AddReport()
     build_report = BuildReport(images_root="", index_dir=str(index_dir))
-    with uploads_lock(uploads_dir, options.lock_timeout_s), IndexWriter(
+    with uploads_lock(uploads_dir, options.lock_timeout_s), open_writer(
         index_dir, encoder.config, encoder.weights_info, lock_timeout_s=options.lock_timeout_s
     ) as w:
         existing = w.table.get_by_paths(sorted({im.path for im in images if is_upload_path(im.path)}))
@@ -163,15 +164,39 @@ def add_images(
     return report
 
 
-def open_live_writer(index_dir: str | Path, lock_timeout_s: float = 0.0, why: str = "") -> IndexWriter:
-    """A writer on the live version of an existing index, with the encoder its manifest records (for writes that
-    embed nothing: deletes, metadata changes).
+def open_writer(index_dir: str | Path, encoder, weights, **writer_kwargs):
+    """The writer of an index: ``IndexWriter``, or for a sharded collection a ``CollectionWriter`` (the same
+    interface in global ids, over every shard; ``regis.sharding.write``).
+
+    Raises:
+        IndexMismatchError / IndexLockedError: as ``IndexWriter``.
+    """
+    from regis.sharding.layout import is_sharded
+
+    if is_sharded(index_dir):
+        from regis.sharding.write import CollectionWriter
+
+        return CollectionWriter(index_dir, encoder, weights, **writer_kwargs)
+    return IndexWriter(index_dir, encoder, weights, **writer_kwargs)
+
+
+def open_live_writer(index_dir: str | Path, lock_timeout_s: float = 0.0, why: str = ""):
+    """A writer (``open_writer``) on the live version of an existing index or sharded collection, with the
+    encoder its manifest records (for writes that embed nothing: deletes, metadata changes).
 
     Raises:
         IndexFormatError: there is no index (the message ends with ``why``).
         IndexLockedError: another writer holds the index past ``lock_timeout_s`` (when the writer is entered).
     """
+    from regis.sharding.layout import collection_manifest, is_sharded
+
     index_dir = Path(index_dir)
+    if is_sharded(index_dir):
+        try:
+            manifest = collection_manifest(index_dir)
+        except IndexFormatError as exc:
+            raise IndexFormatError(f"{index_dir} holds no index yet{why}") from exc
+        return open_writer(index_dir, manifest.encoder, manifest.weights, lock_timeout_s=lock_timeout_s)
     current = read_current(index_dir) if index_dir.is_dir() else None
     if current is None:
         raise IndexFormatError(f"{index_dir} holds no index yet{why}")

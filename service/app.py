@@ -60,14 +60,6 @@ def _start(app: FastAPI, settings: Settings) -> None:
     if live.engine is not None:
         _ = live.engine.query_encoder  # the query copy made (and checked) now, not on the first query (ONNX: ~3 s)
     app.state.live = live
-    if live.sharded:
-        from regis.errors import ConfigError
-        from regis.sharding.engine import READ_ONLY
-
-        if settings.enable_jobs:
-            raise ConfigError(f"{settings.index_dir} is a sharded collection: it is served read-only (unset "
-                              "REGIS_ENABLE_JOBS) and updated with `regis index build --ray`")
-        app.state.read_only_reason = READ_ONLY
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
         app.state.jobs = make_job_queue(settings, live)

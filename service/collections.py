@@ -101,7 +101,7 @@ class CollectionRegistry:
         """The collection's job queue (embedded queue per collection, or the shared Redis queue).
 
         Raises:
-            APIError: 404 unknown collection; 403 read-only service; 501 a sharded collection (read-only).
+            APIError: 404 unknown collection; 403 read-only service.
         """
         queue = self._jobs.get(name)
         if queue is not None:
@@ -110,10 +110,6 @@ class CollectionRegistry:
             raise APIError(403, "jobs_disabled", "this service is read-only: set REGIS_ENABLE_JOBS=true to index "
                                                  "folders, upload and delete images")
         live = self.live(name)
-        if live.sharded:
-            from regis.sharding.engine import READ_ONLY
-
-            raise APIError(501, "not_supported", READ_ONLY)
         with self._lock:
             queue = self._jobs.get(name)
             if queue is None:

@@ -111,8 +111,8 @@ class LiveIndex:
 
     def _load_sharded(self) -> bool:
         """Open a sharded collection (``regis.sharding.engine``: every shard in this process, the query fanned
-        out and merged); False when ``index_dir`` is not one. Sharded collections are served read-only (the app
-        and ``CollectionRegistry.jobs`` refuse writes)."""
+        out and merged); False when ``index_dir`` is not one. Uploads, deletes and metadata changes write every
+        shard through ``regis.sharding.write.CollectionWriter``; folder builds run with ``--ray``."""
         from regis.sharding.layout import is_sharded
 
         s = self.settings
@@ -127,7 +127,7 @@ class LiveIndex:
 
     @property
     def sharded(self) -> bool:
-        """Whether the engine serves a sharded collection (read-only)."""
+        """Whether the engine serves a sharded collection."""
         return getattr(self.engine, "num_shards", None) is not None
 
     def _refresh_sharded(self, engine) -> bool:

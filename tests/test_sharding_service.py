@@ -1,6 +1,7 @@
 """``regis serve`` (embedded) on a sharded collection: the service's own routes over the in-process fan-out
 (``regis.sharding.engine``) answer like the unsharded index of the same images, explanations included (each
-result explained by its shard); writes are a clear 501; a missing shard is a 503 or, when asked for, a flagged
+result explained by its shard), and so do uploads, deletes and metadata changes (every shard written through
+``CollectionWriter``); a missing shard is a 503 or, when asked for, a flagged
 partial answer. Tiny random encoder, the 21 bundled photos."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from conftest import assert_same_json, build
-from regis.errors import ConfigError, ShardsUnavailableError
+from regis.errors import ShardsUnavailableError
 from regis.sharding.write import split_index
 from service.app import create_app
 from service.settings import Settings
@@ -128,21 +129,81 @@ def test_explanations_equal_the_unsharded_index(clients, photos_dir):
     assert sharded.get("/v1/images/9999/similar", params={"explain": "true"}).status_code == 404
 
 
-def test_writes_are_a_clear_501(clients, photos_dir):
-    _, sharded = clients
-    data = sorted(photos_dir.iterdir())[0].read_bytes()
-    for r in (sharded.delete("/v1/images/3"),
-              sharded.post("/v1/images", files={"files": ("q.png", data, "image/png")}),
-              sharded.post("/v1/jobs/index", json={"folder": "."})):
-        assert r.status_code == 501, (r.request.url, r.text)
-        assert r.json()["error"]["code"] == "not_supported"
-        assert "sharded collection" in r.json()["error"]["message"]
+def _flipped_png(photo) -> bytes:
+    """A new image (the photo mirrored), as PNG bytes."""
+    import io
+
+    from PIL import Image, ImageOps
+
+    out = io.BytesIO()
+    ImageOps.mirror(Image.open(photo).convert("RGB")).save(out, format="PNG")
+    return out.getvalue()
 
 
-def test_a_sharded_collection_refuses_index_jobs(indexes):
-    with pytest.raises(ConfigError, match="sharded collection: it is served read-only"):
-        with TestClient(create_app(Settings(index_dir=indexes[1], enable_jobs=True))):
-            pass
+@pytest.fixture()
+def writable(tmp_path, indexes):
+    """(the unsharded index, the same images in 3 shards), fresh copies, each served with jobs enabled."""
+    import shutil
+
+    index, _ = indexes
+    shutil.copytree(index, tmp_path / "index")
+    split_index(index, tmp_path / "collection", SHARDS)
+    with TestClient(create_app(Settings(index_dir=tmp_path / "index", enable_jobs=True))) as plain, \
+            TestClient(create_app(Settings(index_dir=tmp_path / "collection", enable_jobs=True))) as sharded:
+        yield plain, sharded
+
+
+def test_uploads_deletes_and_metadata_changes_equal_the_unsharded_index(writable, photos_dir):
+    """The same writes on both: the same ids and statuses, then the same searches, rows and explanations; each
+    write publishes one new collection version that the next request already sees (read-your-writes)."""
+    plain, sharded = writable
+    photos = sorted(photos_dir.iterdir())
+    new = [_flipped_png(photos[0]), _flipped_png(photos[1])]
+    files = [("files", (f"new{n}.png", data, "image/png")) for n, data in enumerate(new)]
+    meta = json.dumps([{"album": "mirror"}, {}])
+    want = plain.post("/v1/images", files=files, data={"metadata": meta})
+    got = sharded.post("/v1/images", files=files, data={"metadata": meta})
+    assert want.status_code == got.status_code == 201, got.text
+    assert [i["id"] for i in got.json()["images"]] == [i["id"] for i in want.json()["images"]] == [21, 22]
+    assert_same_json(got.json()["images"], want.json()["images"])
+    assert {21 % SHARDS, 22 % SHARDS} == {0, 1}  # two shards written in one job
+    version = got.json()["index_version"]
+    again = sharded.post("/v1/images", files=files[:1])
+    assert again.status_code == 201, again.text
+    assert again.json()["images"][0] == {**got.json()["images"][0], "status": "exists"}
+    assert again.json()["index_version"] == version  # nothing changed: no new version
+    for client in (plain, sharded):
+        r = client.patch("/v1/images/22", json={"metadata": {"album": "mirror"}})
+        assert r.status_code == 200, r.text
+        r = client.delete("/v1/images/4")
+        assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+    assert sharded.get("/healthz").json()["index_version"] == version + 2
+    for data in (new[0], photos[4].read_bytes()):
+        params = {"k": 23, "mode": "exact", "explain": "true"}
+        want = _post(plain, "/v1/search", data, **params).json()
+        got = _post(sharded, "/v1/search", data, **params).json()
+        assert_same_json(got, want)
+        assert 4 not in [h["id"] for h in got["results"]] and len(got["results"]) == 22
+    assert _post(sharded, "/v1/search", new[0], k=1, mode="exact").json()["results"][0]["id"] == 21
+    for image_id in (21, 22):
+        want, got = plain.get(f"/v1/images/{image_id}").json(), sharded.get(f"/v1/images/{image_id}").json()
+        assert_same_json({**got, "mtime": 0}, {**want, "mtime": 0})  # the upload's time
+        assert got["metadata"]["album"] == "mirror"
+        assert sharded.get(f"/v1/images/{image_id}/file").content == new[image_id - 21]
+    assert sharded.get("/v1/images/4").status_code == 404
+    assert sharded.delete("/v1/images/4").status_code == plain.delete("/v1/images/4").status_code == 404
+    folder = sharded.post("/v1/jobs/index", json={"folder": "."})
+    assert folder.status_code == 501 and "--ray" in folder.json()["error"]["message"]
+
+
+def test_a_worker_writes_a_collection_with_its_own_encoder(indexes):
+    """``regis worker`` and the service build the encoder with ``encoder_for``: a collection's is its shards'."""
+    from regis.cli.options import encoder_for
+    from regis.sharding.layout import collection_manifest
+
+    encoder = encoder_for(indexes[1], None, None, False, None, None, "cpu")
+    manifest = collection_manifest(indexes[1])
+    assert encoder.config == manifest.encoder and encoder.weights_info.sha256 == manifest.weights.sha256
 
 
 class _DeadShard:

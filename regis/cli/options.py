@@ -81,13 +81,22 @@ def encoder_for(
     """The encoder a command should use.
 
     With no encoder option given and an existing index: the index's own encoder (rebuilt from its manifest and
-    checked against its weights checksum). Otherwise: the encoder the options describe
-    (``regis.models.encoder.build_encoder``; ``roi_image_size`` 0 means one backbone pass).
+    checked against its weights checksum; a sharded collection's: its first shard with a version). Otherwise:
+    the encoder the options describe (``regis.models.encoder.build_encoder``; ``roi_image_size`` 0 means one
+    backbone pass).
     """
+    from regis.errors import IndexFormatError
     from regis.indexes.layout import VERSIONS_DIR, read_current
     from regis.indexes.manifest import read_manifest
     from regis.indexes.weights_copy import stored_weights
     from regis.models.encoder import build_encoder, encoder_from_manifest
+    from regis.sharding.layout import first_versioned_shard, is_sharded
+
+    if index_dir is not None and is_sharded(index_dir):
+        try:
+            index_dir = first_versioned_shard(index_dir)
+        except IndexFormatError:  # no shard written yet: the options' encoder
+            index_dir = None
 
     no_options = (backbone is None and weights is None and not random_init and roi_size is None
                   and cue_method is None and roi_image_size is None)

@@ -41,8 +41,11 @@ from regis.retrieve.searcher import MAX_K, Mode
 from regis.sharding.layout import read_layout, shard_dir, shard_of
 from regis.sharding.search import ShardSearcher, merge_top_k
 
-READ_ONLY = ("a sharded collection is served read-only: add, change or delete images by building it again with "
-             "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally)")
+READ_ONLY = ("regis on Ray Serve is read-only: add, change or delete images by building the collection again with "
+             "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally), or through "
+             "the embedded `regis serve` of the collection")
+FOLDER_BUILDS = ("a sharded collection indexes folders with `regis index build FOLDER --index COLLECTION --ray`; "
+                 "uploads, deletes and metadata changes work here")
 
 
 class _Done:

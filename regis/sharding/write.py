@@ -191,3 +191,83 @@ def split_index(index_dir: Path | str, collection: Path | str, num_shards: int, 
             return w.commit()
     finally:
         snap.close()
+
+
+class _CollectionTable:
+    """The read side of an ``IndexWriter``'s table (``get``, ``get_many``, ``get_by_paths``) over every shard of
+    a ``CollectionWriter``, in global ids (the rows of this transaction's view)."""
+
+    def __init__(self, writer: ShardedWriter):
+        self.writer = writer
+
+    def _global(self, shard: int, rec: ImageRecord) -> ImageRecord:
+        return dataclasses.replace(rec, id=rec.id * self.writer.num_shards + shard)
+
+    def get_many(self, ids) -> dict[int, ImageRecord]:
+        """Rows of global ``ids``, keyed by global id; unknown ids are absent."""
+        ids = np.asarray(list(ids), dtype=np.int64)
+        out: dict[int, ImageRecord] = {}
+        for s, _, local in self.writer._by_shard(ids):
+            for rec in self.writer.writers[s].table.get_many(local.tolist()).values():
+                g = self._global(s, rec)
+                out[g.id] = g
+        return out
+
+    def get(self, image_id: int) -> ImageRecord | None:
+        """The row of global id ``image_id`` (None: none)."""
+        return self.get_many([int(image_id)]).get(int(image_id))
+
+    def get_by_paths(self, paths) -> dict[str, ImageRecord]:
+        """Rows by path (any shard), with global ids."""
+        paths = list(paths)
+        out: dict[str, ImageRecord] = {}
+        for s, w in enumerate(self.writer.writers):
+            out.update({p: self._global(s, rec) for p, rec in w.table.get_by_paths(paths).items()})
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionVersion:
+    """What ``CollectionWriter.commit`` published: ``version``, the collection's new version (the sum of its
+    shards' versions, what ``regis.sharding.engine.ShardedView.version`` serves)."""
+
+    version: int
+
+
+class CollectionWriter(ShardedWriter):
+    """A ``ShardedWriter`` on an existing collection with the part of ``IndexWriter``'s interface that the
+    service's writes use (``indexer.uploads.add_images`` / ``delete_images``, ``indexer.metadata``): ``table``
+    and ``is_live`` in global ids, and ``commit`` returning the collection's new version. It holds every
+    shard's write lock until it commits or aborts.
+
+    Args:
+        collection: the collection folder (``read_layout`` gives S).
+        encoder, weights: the collection's encoder config and weights record (checked against each shard's).
+        **writer_kwargs: as ``IndexWriter`` (``lock_timeout_s``, ...).
+
+    Raises:
+        IndexFormatError: not a sharded collection.
+        IndexMismatchError / IndexLockedError: as ``IndexWriter``, for any shard.
+    """
+
+    def __init__(self, collection: Path | str, encoder: EncoderConfig, weights: WeightsInfo, **writer_kwargs):
+        from regis.sharding.layout import read_layout
+
+        super().__init__(collection, read_layout(collection)["num_shards"], encoder, weights, **writer_kwargs)
+        self.table = _CollectionTable(self)
+
+    def is_live(self, image_id: int) -> bool:
+        """Whether global id ``image_id`` has tokens in this transaction's view."""
+        if not 0 <= int(image_id) < 2**62:
+            return False
+        s = int(shard_of(int(image_id), self.num_shards))
+        return self.writers[s].is_live(int(to_local(np.array([int(image_id)]), self.num_shards)[0]))
+
+    def commit(self, report: dict | None = None, next_id: int | None = None) -> CollectionVersion | None:
+        """Publish every changed shard (``ShardedWriter.commit``); the collection's new version, or None when no
+        shard changed."""
+        bases = [w.base.version if w.base else 0 for w in self.writers]
+        manifests = super().commit(report, next_id)
+        if all(m is None for m in manifests):
+            return None
+        return CollectionVersion(sum(m.version if m else b for m, b in zip(manifests, bases, strict=True)))
