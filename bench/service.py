@@ -11,8 +11,9 @@ without and with dynamic batching, side by side in one run.
 2. ``python -m regis serve --index ... --port ...`` in a subprocess on 127.0.0.1, env ``REGIS_TORCH_THREADS``
    from ``--torch-threads``; one server per ``--modes`` entry: ``unbatched`` (``REGIS_BATCH_MAX_SIZE=1``, each
    request encoded alone, as before dynamic batching) and ``batched`` (the settings' defaults, or
-   ``--batch-max-size`` / ``--batch-max-wait-ms``); either followed by ``@onnx`` / ``@torch`` sets the query
-   runtime (``REGIS_QUERY_RUNTIME``; default: the server's, ONNX Runtime when installed); ``ray``: the same
+   ``--batch-max-size`` / ``--batch-max-wait-ms``; ``batched/8``: batch size 8); either followed by ``@onnx``
+   / ``@torch`` sets the query runtime (``REGIS_QUERY_RUNTIME``; default: the server's, ONNX Runtime when
+   installed); ``ray``: the same
    index split into ``--shards`` shards (``regis.sharding.write.split_index``) served by ``cluster.serve`` on
    a local one-node Ray cluster of ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment
    per shard, the ingress).
@@ -210,6 +211,9 @@ def mode_env(mode: str, args) -> dict:
     (``REGIS_QUERY_RUNTIME``: auto, onnx, torch; e.g. ``batched@torch``)."""
     env = dict(os.environ)
     mode, _, runtime = mode.partition("@")
+    mode, _, batch = mode.partition("/")
+    if batch and mode == "batched":
+        env["REGIS_BATCH_MAX_SIZE"] = batch
     if runtime:
         if runtime not in ("auto", "onnx", "torch"):
             raise SystemExit(f"unknown query runtime {runtime!r} in mode {mode}@{runtime} (auto, onnx, torch)")
@@ -219,7 +223,7 @@ def mode_env(mode: str, args) -> dict:
     if mode == "unbatched":
         env["REGIS_BATCH_MAX_SIZE"] = "1"
     elif mode == "batched":
-        if args.batch_max_size:
+        if args.batch_max_size and not batch:
             env["REGIS_BATCH_MAX_SIZE"] = str(args.batch_max_size)
         if args.batch_max_wait_ms is not None:
             env["REGIS_BATCH_MAX_WAIT_MS"] = str(args.batch_max_wait_ms)

@@ -35,7 +35,7 @@ class Settings(BaseSettings):
         torch_threads: torch intra-op threads (None: torch's default); also the intra-op threads of the ONNX
             Runtime sessions that encode queries.
         query_runtime: how CNN queries are encoded on CPU (REGIS_QUERY_RUNTIME, ``regis.models.inference``):
-            "auto" (default: ONNX Runtime when ``onnxruntime`` is installed, ~1.7x less CPU per query), "onnx"
+            "auto" (default: ONNX Runtime when ``onnxruntime`` is installed; BENCHMARKS.md section 6), "onnx"
             or "torch" (the folded torch copy). Either copy is checked against the encoder's tokens at start-up
             and falls back (onnx -> torch -> the encoder) with a warning when it differs or cannot be made.
         max_concurrent_decodes: image decodes running at once (uploads and searches); the others wait, so the

@@ -8,8 +8,8 @@ Two runtimes (``REGIS_QUERY_RUNTIME``, ``InferenceSettings``):
   encoder as built.
 - ``onnx``: the backbone's ``forward_features`` exported once per encoder with ``torch.onnx`` and run by ONNX
   Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape and thread budget); the ROI pass's
-  resize and the cue, ROI and GeM readout (~1 ms of 20) stay in torch. ~1.7x less CPU per query than the
-  folded torch copy (BENCHMARKS.md section 6).
+  resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the folded torch copy's images/s, and 50
+  instead of 71 ms of server CPU per query at 32 clients (BENCHMARKS.md section 6).
 - ``auto`` (default): ``onnx`` when ``onnxruntime`` can be imported, else ``torch``.
 
 Every copy is checked against the encoder before it is used (max abs token difference <= ``MAX_ABS_DIFF`` on a
@@ -144,8 +144,8 @@ class _Features(nn.Module):
 
 class OrtBackbone(nn.Module):
     """A CNN backbone's ``forward_features`` run by ONNX Runtime on the CPU: one session per input shape
-    (batch, height, width), whose free dimensions are fixed with ``add_free_dimension_override_by_name`` (~15 %
-    less CPU than one session with dynamic axes: ``python -m bench.encode_batch``), made on the shape's first
+    (batch, height, width), whose free dimensions are fixed with ``add_free_dimension_override_by_name`` (ONNX
+    Runtime then plans for that shape; faster than dynamic axes in exploratory runs), made on the shape's first
     call; past ``MAX_SESSIONS`` shapes, one session with dynamic axes serves the others.
 
     Args:
