@@ -132,7 +132,7 @@ def test_bad_batcher_settings_are_refused(tmp_path):
         Settings(index_dir=tmp_path, batch_max_size=0)
 
 
-def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, one_thread):
+def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, one_thread, monkeypatch):
     """Five concurrent queries and a corrupt upload: the five are encoded in one forward pass and searched in one
     batched search, each result equal to the unbatched search of the same image; the corrupt one alone gets
     its 400."""
@@ -147,11 +147,24 @@ def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, o
             responses[name] = client.post("/v1/search", files={"file": ("q.jpg", data, "image/jpeg")}, params=params)
 
         jobs = [(p.name, p.read_bytes(), {"k": 8}) for p in photos] + [("corrupt", b"\xff\xd8 not a jpeg", {"k": 8})]
+        # Each request decodes once all six are in flight: else on a busy machine the first one can finish
+        # decoding before the others arrive and take the lone-request path (a race of the test, not the batcher).
+        gate, real_decode = threading.Event(), engine.decode_bytes
+
+        def decode_when_all_in_flight(data: bytes):
+            deadline = time.monotonic() + 30
+            while gate.is_set() and app.state.batched.in_flight < len(jobs) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return real_decode(data)
+
+        gate.set()
+        monkeypatch.setattr(engine, "decode_bytes", decode_when_all_in_flight)
         threads = [threading.Thread(target=post, args=job) for job in jobs]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        gate.clear()
         assert app.state.batched.encoder.batch_sizes == [5]
         assert app.state.batched.searcher.batch_sizes == [5]
         bad = responses["corrupt"]
