@@ -64,6 +64,11 @@ class LocalRayCluster:
         self.object_store_bytes = object_store_bytes
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray >= 2.5x turns token authentication on for a node that finds ~/.ray/auth_token (written by any local
+        # ray.init() on this machine), and the worker nodes then fail to join ("InvalidAuthToken"). This cluster
+        # listens on 127.0.0.1 only: its nodes run with authentication off unless RAY_AUTH_MODE says otherwise (a
+        # driver holding a token still connects).
+        self.env.setdefault("RAY_AUTH_MODE", "disabled")
         self.env.pop("RAY_ADDRESS", None)
         self.timeout_s = timeout_s
         self.port = _free_port()

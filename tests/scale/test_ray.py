@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -65,10 +66,14 @@ def single_index(tmp_path_factory, images, tiny_encoder):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(tmp_path_factory):
     import ray
 
-    cluster = LocalRayCluster(head_cpus=1, worker_cpus=1, workers=1).start()
+    # the nodes' home holds a Ray auth token, as any local ray.init() leaves in ~/.ray: the cluster must still form
+    home = tmp_path_factory.mktemp("ray-home")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
+    cluster = LocalRayCluster(head_cpus=1, worker_cpus=1, workers=1, env={**os.environ, "HOME": str(home)}).start()
     try:
         ray.init(address=cluster.address, namespace="regis-test", log_to_driver=False)
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
