@@ -326,13 +326,23 @@ class ShardedQueryEngine(QueryEngine):
             KeyError: no live image ``image_id``.
             ShardsUnavailableError: its shard does not answer.
         """
+        tokens = self._ask_owner(image_id, "tokens")
+        return self.search_tokens(np.asarray(tokens, dtype=np.float32), **params)
+
+    def _ask_owner(self, image_id: int, method: str):
+        """``method(image_id)`` asked of the shard that holds image ``image_id`` (``shard_of``).
+
+        Raises:
+            KeyError: no live image ``image_id`` (the shard answers None, or the id is out of range).
+            ShardsUnavailableError: its shard does not answer.
+        """
         if not 0 <= int(image_id) < 2**62:
             raise KeyError(image_id)
         s = int(shard_of(int(image_id), self.num_shards))
-        tokens = self._answer(s, self.shards[s].call("tokens", int(image_id)), required=True)
-        if tokens is None:
+        answer = self._answer(s, self.shards[s].call(method, int(image_id)), required=True)
+        if answer is None:
             raise KeyError(image_id)
-        return self.search_tokens(np.asarray(tokens, dtype=np.float32), **params)
+        return answer
 
     # ----------------------------------------------------------------- explain
     def explain_hits(self, query: np.ndarray, hits: list[dict]) -> None:
@@ -364,13 +374,7 @@ class ShardedQueryEngine(QueryEngine):
             KeyError: no live image ``image_id``.
             ShardsUnavailableError: its shard does not answer.
         """
-        if not 0 <= int(image_id) < 2**62:
-            raise KeyError(image_id)
-        s = int(shard_of(int(image_id), self.num_shards))
-        stored = self._answer(s, self.shards[s].call("stored_image", int(image_id)), required=True)
-        if stored is None:
-            raise KeyError(image_id)
-        return stored
+        return self._ask_owner(image_id, "stored_image")
 
     def close(self) -> None:
         """Close the shard clients that hold resources (local shards)."""
