@@ -30,11 +30,12 @@ log = logging.getLogger("regis.service")
 
 def load_engine(settings: Settings):
     """Open the index and its encoder (read-only serving, no live updates)."""
-    from regis.models.inference import set_query_runtime
+    from regis.models.inference import default_onnx_threads, set_onnx_threads, set_query_runtime
     from regis.retrieve.query import QueryEngine, set_torch_threads
 
     set_torch_threads(settings.torch_threads)
     set_query_runtime(settings.query_runtime)
+    set_onnx_threads(settings.query_threads or default_onnx_threads(settings.batch_encode_workers))
     return QueryEngine.open(
         settings.index_dir,
         weights=str(settings.weights) if settings.weights else None,

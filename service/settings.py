@@ -32,8 +32,10 @@ class Settings(BaseSettings):
         default_k, max_k: results per query by default and at most.
         default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default (None: the index
             manifest's tuned default) and at most.
-        torch_threads: torch intra-op threads (None: torch's default); also the intra-op threads of the ONNX
-            Runtime sessions that encode queries.
+        torch_threads: torch intra-op threads (None: torch's default).
+        query_threads: intra-op threads of each ONNX Runtime query session (REGIS_QUERY_THREADS; None: half the
+            cores shared out between the encoder threads, at least 1: ``regis.models.inference.default_onnx_threads``;
+            on the 2-core CPU 1 thread answered ~15 % more requests/s than 2, BENCHMARKS.md section 6).
         query_runtime: how CNN queries are encoded on CPU (REGIS_QUERY_RUNTIME, ``regis.models.inference``):
             "auto" (default: ONNX Runtime when ``onnxruntime`` is installed; BENCHMARKS.md section 6), "onnx"
             or "torch" (the folded torch copy). Either copy is checked against the encoder's tokens at start-up
@@ -94,6 +96,7 @@ class Settings(BaseSettings):
     max_depth: int = Field(default=1024, ge=1, le=4096)
     torch_threads: int | None = Field(default=None, ge=1)
     query_runtime: QueryRuntime = "auto"
+    query_threads: int | None = Field(default=None, ge=1)
     max_concurrent_decodes: int = Field(default=2, ge=1, le=64)
     keep_alive_s: float = Field(default=75.0, ge=1, le=3600)
     # jobs, uploads and live updates

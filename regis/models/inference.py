@@ -8,8 +8,8 @@ Two runtimes (``REGIS_QUERY_RUNTIME``, ``InferenceSettings``):
   encoder as built.
 - ``onnx``: the backbone's ``forward_features`` exported once per encoder with ``torch.onnx`` and run by ONNX
   Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape and thread budget); the ROI pass's
-  resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the folded torch copy's images/s, and 50
-  instead of 71 ms of server CPU per query at 32 clients (BENCHMARKS.md section 6).
+  resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the folded torch copy's images/s, and 48
+  instead of 67 ms of server CPU per query at 32 clients (BENCHMARKS.md section 6).
 - ``auto`` (default): ``onnx`` when ``onnxruntime`` can be imported, else ``torch``.
 
 Every copy is checked against the encoder before it is used (max abs token difference <= ``MAX_ABS_DIFF`` on a
@@ -23,6 +23,7 @@ import copy
 import io
 import itertools
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -46,6 +47,7 @@ _onnx_models: dict[tuple[str, str], bytes] = {}
 ONNX_MODELS_KEPT = 2
 _lock = threading.RLock()
 _runtime: str | None = None  # set_query_runtime; None: the environment's (InferenceSettings)
+_onnx_threads: int | None = None  # set_onnx_threads; None: the calling thread's torch threads
 
 
 class InferenceSettings(BaseSettings):
@@ -73,6 +75,26 @@ def set_query_runtime(runtime: str | None) -> None:
     if runtime is not None and runtime not in QUERY_RUNTIMES:
         raise ConfigError(f"query runtime must be one of {QUERY_RUNTIMES}, got {runtime!r}")
     _runtime = runtime
+
+
+def set_onnx_threads(threads: int | None) -> None:
+    """Intra-op threads of the ONNX Runtime sessions ``inference_copy`` makes from now on in this process (None:
+    the calling thread's torch threads).
+
+    Raises:
+        ConfigError: fewer than 1 thread.
+    """
+    global _onnx_threads
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"ONNX Runtime threads must be an integer >= 1, got {threads!r}")
+    _onnx_threads = threads
+
+
+def default_onnx_threads(encode_workers: int = 1) -> int:
+    """The service's default intra-op threads per ONNX Runtime query session: half the cores shared out between
+    the ``encode_workers`` encoder threads, at least 1 (the other half decode, search and answer HTTP; on the
+    2-core CPU 1 thread gave more requests/s than 2, BENCHMARKS.md section 6)."""
+    return max(1, (os.cpu_count() or 1) // 2 // max(1, encode_workers))
 
 
 def query_runtime() -> str:
@@ -211,7 +233,7 @@ def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
 
 
 def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None):
-    """An ONNX Runtime CPU session of ``model`` on ``threads`` intra-op threads (the caller's torch thread budget),
+    """An ONNX Runtime CPU session of ``model`` on ``threads`` intra-op threads (``inference_copy``'s thread budget),
     one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core service shares them with
     decoding and FAISS: BENCHMARKS.md section 6, "Oversubscription"). ``dims``: values for the model's free
     dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input shape.
@@ -292,8 +314,8 @@ def inference_copy(encoder, runtime: str | None = None, threads: int | None = No
     Args:
         encoder: a ``regis.models.encoder.RegisEncoder`` in eval mode.
         runtime: "auto", "onnx" or "torch" (module docstring); None: ``query_runtime()``.
-        threads: intra-op threads of an ONNX Runtime session (None: the calling thread's torch threads); the
-            torch copy runs on the calling thread's torch threads.
+        threads: intra-op threads of an ONNX Runtime session (None: ``set_onnx_threads``' value, else the
+            calling thread's torch threads); the torch copy runs on the calling thread's torch threads.
 
     Returns:
         An encoder with the same ``config``, ``weights_info`` and ``encode`` outputs (float32 rounding aside):
@@ -309,7 +331,7 @@ def inference_copy(encoder, runtime: str | None = None, threads: int | None = No
             or next(encoder.parameters()).device.type != "cpu"):
         return encoder
     use_onnx = runtime == "onnx" or (runtime == "auto" and onnxruntime_available())
-    threads = int(threads or torch.get_num_threads())
+    threads = int(threads or _onnx_threads or torch.get_num_threads())
     key = ("onnx", threads) if use_onnx else ("torch", 0)
     with _lock:
         cached = _copies.setdefault(encoder, {})

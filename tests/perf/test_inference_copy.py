@@ -11,7 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from regis.models.inference import OrtBackbone, _ChannelsLast, fold_batchnorm, inference_copy
+from regis.models.inference import (
+    OrtBackbone,
+    _ChannelsLast,
+    default_onnx_threads,
+    fold_batchnorm,
+    inference_copy,
+    onnxruntime_available,
+    set_onnx_threads,
+)
 from regis.models.weights import state_dict_sha256
 
 
@@ -189,5 +197,23 @@ def test_service_setting_reaches_the_query_encoder(lite0_index, fresh_copies, on
         with TestClient(app):
             engine = app.state.live.engine
             assert isinstance(engine.query_encoder.backbone, _ChannelsLast)
+        if onnxruntime_available():  # REGIS_QUERY_THREADS reaches the ONNX Runtime sessions
+            app = create_app(Settings(index_dir=lite0_index, query_runtime="onnx", query_threads=3))
+            with TestClient(app):
+                backbone = app.state.live.engine.query_encoder.backbone
+                assert isinstance(backbone, OrtBackbone) and backbone.threads == 3
     finally:
         set_query_runtime(None)
+        set_onnx_threads(None)
+
+
+def test_onnx_threads_default_to_half_the_cores_of_each_encoder_thread(monkeypatch):
+    from regis.errors import ConfigError
+    from regis.models import inference
+
+    for cores, workers, want in [(2, 1, 1), (1, 1, 1), (16, 1, 8), (16, 2, 4), (16, 64, 1)]:
+        monkeypatch.setattr(inference.os, "cpu_count", lambda cores=cores: cores)
+        assert default_onnx_threads(workers) == want
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="ONNX Runtime threads"):
+            set_onnx_threads(bad)
