@@ -15,7 +15,7 @@ from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
 from regis.retrieve.searcher import Searcher
-from regis.scores.maxsim import maxsim_gemm, maxsim_scores
+from regis.scores.maxsim import CPU_CHUNK_VALUES, gemm_chunk_docs, maxsim_gemm, maxsim_scores
 
 D = 32
 T = 10
@@ -83,6 +83,17 @@ def test_maxsim_gemm_equals_maxsim_scores():
     assert maxsim_gemm(q, docs[:0]).shape == (0,)
     with pytest.raises(ValueError):
         maxsim_gemm(q, docs[:, :, :5])
+
+
+def test_maxsim_gemm_default_chunk_is_cache_sized_on_cpu():
+    # 10 x 1280 float16 tokens per image (the Lite0 index): 81 images per GEMM, not the whole candidate set
+    assert gemm_chunk_docs(torch.zeros((1000, 10, 1280), dtype=torch.float16)) == CPU_CHUNK_VALUES // 12800 == 81
+    assert gemm_chunk_docs(torch.zeros((3, 1, CPU_CHUNK_VALUES * 2))) == 1
+    rng = np.random.default_rng(1)
+    q = torch.from_numpy(rng.standard_normal((5, 2048)).astype(np.float32))
+    docs = torch.from_numpy(rng.standard_normal((300, T, 2048)).astype(np.float16))  # 51 images per chunk: 6 chunks
+    np.testing.assert_allclose(maxsim_gemm(q, docs).numpy(), maxsim_gemm(q, docs, chunk_size=8192).numpy(),
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_manifest_records_tuned_defaults_and_search_uses_them(tmp_path, corpus):
