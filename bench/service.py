@@ -13,7 +13,8 @@ without and with dynamic batching, side by side in one run.
    request encoded alone, as before dynamic batching) and ``batched`` (the settings' defaults, or
    ``--batch-max-size`` / ``--batch-max-wait-ms``; ``batched/8``: batch size 8); either followed by ``@onnx``
    / ``@torch`` sets the query runtime (``REGIS_QUERY_RUNTIME``; default: the server's, ONNX Runtime when
-   installed); ``ray``: the same
+   installed), and ``:tN`` sets that server's ``REGIS_TORCH_THREADS`` (e.g. ``batched:t2``, over
+   ``--torch-threads``); ``ray``: the same
    index split into ``--shards`` shards (``regis.sharding.write.split_index``) served by ``cluster.serve`` on
    a local one-node Ray cluster of ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment
    per shard, the ingress).
@@ -31,6 +32,7 @@ Usage::
 
     python -m bench.service --clients 1,8,32,128 --requests 64 --modes unbatched,batched
     python -m bench.service --clients 8,32 --modes batched@torch,batched@onnx   # the two query runtimes
+    python -m bench.service --clients 1,32 --modes batched,batched:t2   # torch threads: default and 2
 """
 
 from __future__ import annotations
@@ -208,8 +210,10 @@ def start_ray(index, args):
 
 def mode_env(mode: str, args) -> dict:
     """The server's environment for a mode: ``unbatched`` or ``batched``, optionally followed by ``@RUNTIME``
-    (``REGIS_QUERY_RUNTIME``: auto, onnx, torch; e.g. ``batched@torch``)."""
+    (``REGIS_QUERY_RUNTIME``: auto, onnx, torch; e.g. ``batched@torch``), then optionally ``:tN``
+    (``REGIS_TORCH_THREADS=N``; e.g. ``batched@onnx:t2``)."""
     env = dict(os.environ)
+    mode, _, options = mode.partition(":")
     mode, _, runtime = mode.partition("@")
     mode, _, batch = mode.partition("/")
     if batch and mode == "batched":
@@ -220,6 +224,10 @@ def mode_env(mode: str, args) -> dict:
         env["REGIS_QUERY_RUNTIME"] = runtime
     if args.torch_threads:
         env["REGIS_TORCH_THREADS"] = str(args.torch_threads)
+    if options:
+        if not (options.startswith("t") and options[1:].isdigit() and int(options[1:]) >= 1):
+            raise SystemExit(f"unknown server option {options!r} in mode {mode}:{options} (tN: N torch threads)")
+        env["REGIS_TORCH_THREADS"] = options[1:]
     if mode == "unbatched":
         env["REGIS_BATCH_MAX_SIZE"] = "1"
     elif mode == "batched":

@@ -30,12 +30,12 @@ log = logging.getLogger("regis.service")
 
 def load_engine(settings: Settings):
     """Open the index and its encoder (read-only serving, no live updates)."""
-    from regis.models.inference import default_onnx_threads, set_onnx_threads, set_query_runtime
+    from regis.models.inference import set_onnx_threads, set_query_runtime
     from regis.retrieve.query import QueryEngine, set_torch_threads
 
-    set_torch_threads(settings.torch_threads)
+    set_torch_threads(settings.resolved_torch_threads())
     set_query_runtime(settings.query_runtime)
-    set_onnx_threads(settings.query_threads or default_onnx_threads(settings.batch_encode_workers))
+    set_onnx_threads(settings.resolved_query_threads())
     return QueryEngine.open(
         settings.index_dir,
         weights=str(settings.weights) if settings.weights else None,
@@ -78,7 +78,8 @@ def _start(app: FastAPI, settings: Settings) -> None:
         from service.batched import BatchedSearch
 
         app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms,
-                                          settings.batch_encode_workers, settings.torch_threads)
+                                          settings.batch_encode_workers,
+                                          settings.resolved_torch_threads())
     app.state.watcher = IndexWatcher(app.state.collections, settings.index_poll_s, settings.redis_url,
                                      names.index_updates).start()
 

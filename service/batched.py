@@ -4,8 +4,9 @@ batched search (``QueryEngine.search_tokens_batch``). Results equal the unbatche
 (same ids and ranks; scores equal to float32 rounding of the batched forward pass).
 
 Settings: ``REGIS_BATCH_MAX_SIZE`` (1 turns batching off), ``REGIS_BATCH_MAX_WAIT_MS`` and
-``REGIS_BATCH_ENCODE_WORKERS`` (forward passes at once, each in its own thread with ``REGIS_TORCH_THREADS``
-torch threads, default: the cores shared out between them).
+``REGIS_BATCH_ENCODE_WORKERS`` (forward passes at once, each in its own thread with
+``Settings.resolved_torch_threads()`` torch threads: ``REGIS_TORCH_THREADS``, else with the ONNX Runtime encoder
+the cores its threads leave, else the cores shared out between them).
 """
 
 from __future__ import annotations

@@ -82,13 +82,13 @@ class LiveIndex:
             IndexFormatError: no readable index (read-only service), or a corrupt one.
             IndexMismatchError / WeightsError: the encoder cannot be built or does not match the index.
         """
-        from regis.models.inference import default_onnx_threads, set_onnx_threads, set_query_runtime
+        from regis.models.inference import set_onnx_threads, set_query_runtime
         from regis.retrieve.query import QueryEngine, set_torch_threads
 
         s = self.settings
-        set_torch_threads(s.torch_threads)
+        set_torch_threads(s.resolved_torch_threads())
         set_query_runtime(s.query_runtime)
-        set_onnx_threads(s.query_threads or default_onnx_threads(s.batch_encode_workers))
+        set_onnx_threads(s.resolved_query_threads())
         if self._load_sharded():
             return
         if self._current() is None and s.enable_jobs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
@@ -32,7 +33,9 @@ class Settings(BaseSettings):
         default_k, max_k: results per query by default and at most.
         default_depth, max_depth: candidate depth k' (FAISS neighbours per query token) by default (None: the index
             manifest's tuned default) and at most.
-        torch_threads: torch intra-op threads (None: torch's default).
+        torch_threads: torch intra-op threads (REGIS_TORCH_THREADS; None: ``resolved_torch_threads``' default:
+            on a CPU with the ONNX Runtime query encoder, the cores ONNX Runtime's threads leave, at least 1, as
+            torch then only runs the readout, the resize and the rerank; otherwise torch's default).
         query_threads: intra-op threads of each ONNX Runtime query session (REGIS_QUERY_THREADS; None: half the
             cores shared out between the encoder threads, at least 1: ``regis.models.inference.default_onnx_threads``;
             on the 2-core CPU 1 thread answered ~15 % more requests/s than 2, BENCHMARKS.md section 6).
@@ -75,7 +78,7 @@ class Settings(BaseSettings):
             image (the activations leave the cache; BENCHMARKS.md section 6); on a GPU raise it (32-256).
         batch_max_wait_ms: how long a batch waits for more requests after its first one, ms.
         batch_encode_workers: batched forward passes running at once, each in its own thread with
-            ``torch_threads`` torch threads (unset: the cores shared out between the workers).
+            ``resolved_torch_threads()`` torch threads (None there: the cores shared out between the workers).
     """
 
     model_config = SettingsConfigDict(env_prefix="REGIS_", extra="ignore")
@@ -152,6 +155,31 @@ class Settings(BaseSettings):
         if self.random_init and self.weights is not None:
             raise ValueError("give either weights or random_init, not both")
         return self
+
+    def resolved_query_threads(self) -> int:
+        """Intra-op threads of each ONNX Runtime query session: ``query_threads``, else
+        ``regis.models.inference.default_onnx_threads`` (half the cores shared out between the encoder threads)."""
+        from regis.models.inference import default_onnx_threads
+
+        return self.query_threads or default_onnx_threads(self.batch_encode_workers)
+
+    def resolved_torch_threads(self) -> int | None:
+        """Torch intra-op threads: ``torch_threads``, else, when queries are encoded by ONNX Runtime on a CPU
+        (``device`` "cpu" and ``query_runtime`` "onnx", or "auto" with ``onnxruntime`` installed), the cores
+        left by the ONNX Runtime threads of the encoder threads, at least 1 (2 cores: 1); else None (torch's
+        default). On the 2-core AMD EPYC VM 1 torch thread beside 1 ONNX Runtime thread used less server CPU
+        per request than torch's default of 2 (BENCHMARKS.md section 6). The ONNX Runtime copy is made for CNN
+        encoders only: a ViT index served on a CPU with ``onnxruntime`` installed should set REGIS_TORCH_THREADS.
+        """
+        if self.torch_threads:
+            return self.torch_threads
+        from regis.models.inference import onnxruntime_available
+
+        onnx = self.query_runtime == "onnx" or (self.query_runtime == "auto" and onnxruntime_available())
+        if self.device != "cpu" or not onnx:
+            return None
+        cores = os.cpu_count() or 1
+        return max(1, cores - self.resolved_query_threads() * self.batch_encode_workers)
 
     def resolved_uploads_dir(self) -> Path:
         """The uploads folder, default applied."""

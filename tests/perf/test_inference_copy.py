@@ -217,3 +217,24 @@ def test_onnx_threads_default_to_half_the_cores_of_each_encoder_thread(monkeypat
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="ONNX Runtime threads"):
             set_onnx_threads(bad)
+
+
+def test_torch_threads_default_to_the_cores_onnx_runtime_leaves(monkeypatch, tmp_path):
+    from regis.models import inference
+    from service import settings as service_settings
+    from service.settings import Settings
+
+    monkeypatch.setattr(inference, "onnxruntime_available", lambda: True)
+    for cores, workers, query_threads, want in [(2, 1, None, 1), (1, 1, None, 1), (16, 1, None, 8),
+                                                (16, 2, None, 8), (16, 1, 4, 12), (4, 2, 3, 1)]:
+        monkeypatch.setattr(inference.os, "cpu_count", lambda cores=cores: cores)
+        monkeypatch.setattr(service_settings.os, "cpu_count", lambda cores=cores: cores)
+        s = Settings(index_dir=tmp_path, batch_encode_workers=workers, query_threads=query_threads)
+        assert s.resolved_torch_threads() == want, (cores, workers, query_threads)
+    # torch encodes the queries (or the GPU does): torch's own default; an explicit value always wins
+    assert Settings(index_dir=tmp_path, query_runtime="torch").resolved_torch_threads() is None
+    assert Settings(index_dir=tmp_path, device="cuda").resolved_torch_threads() is None
+    assert Settings(index_dir=tmp_path, torch_threads=5).resolved_torch_threads() == 5
+    monkeypatch.setattr(inference, "onnxruntime_available", lambda: False)
+    assert Settings(index_dir=tmp_path).resolved_torch_threads() is None
+    assert Settings(index_dir=tmp_path, query_runtime="onnx").resolved_torch_threads() == 2  # 4 cores - 2
