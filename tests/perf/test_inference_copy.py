@@ -162,8 +162,11 @@ def test_a_copy_that_fails_the_token_check_falls_back_with_a_warning(lite0_encod
 
 def test_query_runtime_setting(monkeypatch):
     from regis.errors import ConfigError
+    from regis.models import inference
     from regis.models.inference import query_runtime, set_query_runtime
 
+    # a service started by an earlier test chose its runtime for the process (set_query_runtime): none here
+    monkeypatch.setattr(inference, "_runtime", None)
     monkeypatch.delenv("REGIS_QUERY_RUNTIME", raising=False)
     assert query_runtime() == "auto"
     monkeypatch.setenv("REGIS_QUERY_RUNTIME", "torch")
