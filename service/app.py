@@ -80,6 +80,8 @@ def _start(app: FastAPI, settings: Settings) -> None:
         app.state.batched = BatchedSearch(settings.batch_max_size, settings.batch_max_wait_ms,
                                           settings.batch_encode_workers,
                                           settings.resolved_torch_threads())
+        if live.engine is not None:
+            app.state.batched.warm_up(live.engine)  # ONNX Runtime: a session per batch size, made now
     app.state.watcher = IndexWatcher(app.state.collections, settings.index_poll_s, settings.redis_url,
                                      names.index_updates).start()
 

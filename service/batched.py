@@ -58,6 +58,10 @@ def _search_batch(items: list[tuple[QueryEngine, np.ndarray, tuple]]) -> list[di
     return out
 
 
+# Largest batch ``BatchedSearch.warm_up`` encodes at start-up (a GPU's batch of 256 is not worth warming per size).
+WARM_UP_MAX_BATCH = 16
+
+
 class BatchedSearch:
     """Query-by-image with dynamic batching of the encoder and of the candidate search.
 
@@ -76,6 +80,18 @@ class BatchedSearch:
         self.searcher = MicroBatcher(_search_batch, max_batch_size, max_wait_ms, name="regis-search")
         self.in_flight = 0  # searches between entry and result
         self.alone = 0  # searches that found no other in flight and skipped the batchers (tests, metrics)
+
+    def warm_up(self, engine: QueryEngine) -> list[int]:
+        """Encode blank images once per batch size the encoder batcher can form (1 .. ``max_batch_size``, at
+        most ``WARM_UP_MAX_BATCH``), at the encoder's input size, so that per-shape work (the ONNX Runtime
+        copy's session per input shape, ``regis.models.inference.OrtBackbone``) is done at start-up rather than
+        while the first concurrent requests wait behind it. Returns the batch sizes encoded.
+        """
+        size = engine.encoder.config.image_size
+        sizes = list(range(1, min(self.encoder.max_batch_size, WARM_UP_MAX_BATCH) + 1))
+        for b in sizes:
+            engine.encode_pixels(torch.zeros((b, 3, size, size)))
+        return sizes
 
     async def search_bytes(self, engine: QueryEngine, data: bytes, k: int = 10, depth: int | None = None,
                            mode: str = "ann", nprobe: int | None = None) -> dict:

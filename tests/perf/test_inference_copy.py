@@ -201,10 +201,14 @@ def test_service_setting_reaches_the_query_encoder(lite0_index, fresh_copies, on
             engine = app.state.live.engine
             assert isinstance(engine.query_encoder.backbone, _ChannelsLast)
         if onnxruntime_available():  # REGIS_QUERY_THREADS reaches the ONNX Runtime sessions
-            app = create_app(Settings(index_dir=lite0_index, query_runtime="onnx", query_threads=3))
+            app = create_app(Settings(index_dir=lite0_index, query_runtime="onnx", query_threads=3, batch_max_size=3))
             with TestClient(app):
                 backbone = app.state.live.engine.query_encoder.backbone
                 assert isinstance(backbone, OrtBackbone) and backbone.threads == 3
+                # the batched service made a session per batch size at start-up (BatchedSearch.warm_up), for
+                # each backbone pass, before any request
+                batches = {shape[0] for shape in backbone._sessions if shape is not None}
+                assert batches == {1, 2, 3}
     finally:
         set_query_runtime(None)
         set_onnx_threads(None)
