@@ -48,6 +48,9 @@ ONNX_MODELS_KEPT = 2
 _lock = threading.RLock()
 _runtime: str | None = None  # set_query_runtime; None: the environment's (InferenceSettings)
 _onnx_threads: int | None = None  # set_onnx_threads; None: the calling thread's torch threads
+# OrtBackbone's defaults (python -m bench.query_memory, BENCHMARKS.md section 6)
+DYNAMIC_BATCH = False
+ENV_ALLOCATOR = False
 
 
 class InferenceSettings(BaseSettings):
@@ -165,45 +168,72 @@ class _Features(nn.Module):
 
 
 class OrtBackbone(nn.Module):
-    """A CNN backbone's ``forward_features`` run by ONNX Runtime on the CPU: one session per input shape
-    (batch, height, width), whose free dimensions are fixed with ``add_free_dimension_override_by_name`` (ONNX
-    Runtime then plans for that shape; faster than dynamic axes in exploratory runs), made on the shape's first
-    call; past ``MAX_SESSIONS`` shapes, one session with dynamic axes serves the others.
+    """A CNN backbone's ``forward_features`` run by ONNX Runtime on the CPU, with sessions made on first use: one
+    per input shape (batch, height, width), whose free dimensions are fixed with
+    ``add_free_dimension_override_by_name`` (ONNX Runtime then plans for that shape), or with ``dynamic_batch``
+    one per (height, width), i.e. per backbone pass, with the batch axis left free; past ``MAX_SESSIONS``, one
+    session with dynamic axes serves the other shapes.
 
     Args:
         model: ``export_backbone_onnx``'s model.
         threads: intra-op threads of each session.
+        dynamic_batch: one session per (height, width) with a free batch axis, instead of one per input shape.
+        env_allocator: the sessions allocate from the process's shared CPU arena instead of one arena each.
+        initializers: name -> ``OrtValue`` given to every session instead of the model's own weights (None: each
+            session loads its own; ``ort_session``).
     """
 
     MAX_SESSIONS = 16
 
-    def __init__(self, model: bytes, threads: int):
+    def __init__(self, model: bytes, threads: int, dynamic_batch: bool = DYNAMIC_BATCH,
+                 env_allocator: bool = ENV_ALLOCATOR, initializers: dict | None = None):
         super().__init__()
         self.model = model
         self.threads = threads
-        self._sessions: dict[tuple[int, ...] | None, object] = {}
+        self.dynamic_batch = dynamic_batch
+        self.session_options = {"env_allocator": env_allocator, "initializers": initializers}
+        self._sessions: dict[tuple | None, object] = {}
         self._lock = threading.Lock()
         # RegisEncoder.encode reads its device from its first parameter: an empty one on the CPU
         self.device_anchor = nn.Parameter(torch.empty(0), requires_grad=False)
 
     def session(self, shape: tuple[int, ...]):
         """The session for (B, 3, H, W) inputs of this ``shape`` (made on first use)."""
+        key = (None, None, shape[2], shape[3]) if self.dynamic_batch else tuple(shape)
         with self._lock:
-            found = self._sessions.get(shape)
+            found = self._sessions.get(key)
             if found is None:
                 if len(self._sessions) < self.MAX_SESSIONS:
-                    dims = {"batch": shape[0], "height": shape[2], "width": shape[3]}
-                    found = self._sessions[shape] = ort_session(self.model, self.threads, dims)
+                    dims = {"height": shape[2], "width": shape[3]}
+                    if not self.dynamic_batch:
+                        dims["batch"] = shape[0]
+                    found = self._sessions[key] = ort_session(self.model, self.threads, dims,
+                                                              **self.session_options)
                 else:
                     found = self._sessions.get(None)
                     if found is None:
-                        found = self._sessions[None] = ort_session(self.model, self.threads)
+                        found = self._sessions[None] = ort_session(self.model, self.threads, **self.session_options)
             return found
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """(B, 3, H, W) float -> (B, D, H / 32, W / 32) float32 feature map (the backbone's), on the CPU."""
         pixels = images.detach().to("cpu", torch.float32).contiguous().numpy()
         return torch.from_numpy(self.session(pixels.shape).run(None, {"images": pixels})[0])
+
+
+_env_allocator = False
+
+
+def _register_env_allocator() -> None:
+    """Register one CPU arena allocator in ONNX Runtime's (process-wide) environment, once per process."""
+    global _env_allocator
+    import onnxruntime as ort
+
+    with _lock:
+        if not _env_allocator:
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(info, None)
+            _env_allocator = True
 
 
 def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
@@ -232,11 +262,15 @@ def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
     return buf.getvalue()
 
 
-def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None):
+def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None, initializers: dict | None = None,
+                env_allocator: bool = False):
     """An ONNX Runtime CPU session of ``model`` on ``threads`` intra-op threads (``inference_copy``'s thread budget),
     one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core service shares them with
     decoding and FAISS: BENCHMARKS.md section 6, "Oversubscription"). ``dims``: values for the model's free
-    dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input shape.
+    dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input shape. ``initializers``:
+    name -> ``OrtValue`` used instead of the model's own weights (shared, not copied).
+    ``env_allocator``: allocate from the process's shared CPU arena (registered on first use) instead of an arena
+    of the session's own.
 
     Raises:
         ImportError: onnxruntime is not installed.
@@ -252,6 +286,11 @@ def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None):
     opts.log_severity_level = 3
     for name, value in (dims or {}).items():
         opts.add_free_dimension_override_by_name(name, int(value))
+    for name, value in (initializers or {}).items():
+        opts.add_initializer(name, value)
+    if env_allocator:
+        _register_env_allocator()
+        opts.add_session_config_entry("session.use_env_allocators", "1")
     return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
@@ -262,7 +301,15 @@ def _torch_copy(encoder):
     return fast
 
 
-def _onnx_copy(encoder, threads: int):
+def onnx_copy(encoder, threads: int, **backbone_options):
+    """A copy of a CNN ``encoder`` whose backbone is an ``OrtBackbone`` (``backbone_options``: its keyword
+    arguments; unset: its defaults), the rest copied; the ONNX export is made once per encoder config and
+    weights. Unchecked (``inference_copy`` checks the tokens).
+
+    Raises:
+        ImportError: onnxruntime (or onnx, for the export) is not installed.
+        Exception: whatever the exporter raises.
+    """
     import onnxruntime  # noqa: F401  (missing: fail before the export)
 
     key = (encoder.config.model_dump_json(), encoder.weights_info.sha256)
@@ -272,7 +319,7 @@ def _onnx_copy(encoder, threads: int):
         while len(_onnx_models) >= ONNX_MODELS_KEPT:
             del _onnx_models[next(iter(_onnx_models))]
         _onnx_models[key] = model
-    backbone = OrtBackbone(model, threads)
+    backbone = OrtBackbone(model, threads, **backbone_options)
     return copy.deepcopy(encoder, memo={id(encoder.backbone): backbone})  # everything but the backbone copied
 
 
@@ -337,7 +384,7 @@ def inference_copy(encoder, runtime: str | None = None, threads: int | None = No
         cached = _copies.setdefault(encoder, {})
         if key in cached:
             return cached[key]
-        fast = _checked(lambda: _onnx_copy(encoder, threads), encoder, "ONNX Runtime") if use_onnx else None
+        fast = _checked(lambda: onnx_copy(encoder, threads), encoder, "ONNX Runtime") if use_onnx else None
         if fast is None:
             fast = cached.get(("torch", 0))
             if fast is None:
