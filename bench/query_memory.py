@@ -18,7 +18,8 @@ Variants:
   with one ``OrtValue`` per initializer; the Python API has no ``PrepackedWeightsContainer`` in onnxruntime 1.2x);
 - ``ort-init-arena``: both;
 - ``ort-dynamic``: one session per backbone pass with a free batch axis (2 sessions), arena of its own each;
-- ``ort-dynamic-arena``: 2 sessions, shared arena.
+- ``ort-dynamic-arena``: 2 sessions, shared arena;
+- ``ort-one``: one session with every axis free (batch, height, width) for both passes.
 
 Usage::
 
@@ -35,10 +36,10 @@ import subprocess
 import sys
 import time
 
-# name -> None (torch) or (dynamic_batch, env_allocator, shared initializers)
+# name -> None (torch), "one" or (dynamic_batch, env_allocator, shared initializers)
 VARIANTS = {"torch": None, "ort": (False, False, False), "ort-arena": (False, True, False),
             "ort-init": (False, False, True), "ort-init-arena": (False, True, True),
-            "ort-dynamic": (True, False, False), "ort-dynamic-arena": (True, True, False)}
+            "ort-dynamic": (True, False, False), "ort-dynamic-arena": (True, True, False), "ort-one": "one"}
 
 
 def shared_initializers(model: bytes) -> tuple[list, dict]:
@@ -105,6 +106,9 @@ def measure(variant: str, threads: int, max_batch: int, repeats: int) -> dict:
     with torch.inference_mode():
         if VARIANTS[variant] is None:
             fast = inference.inference_copy(encoder, runtime="torch")
+        elif VARIANTS[variant] == "one":
+            fast = inference.onnx_copy(encoder, threads, dynamic_batch=False, env_allocator=False)
+            fast.backbone.MAX_SESSIONS = 0  # every shape: the one session with dynamic axes
         else:
             dynamic, env_allocator, shared = VARIANTS[variant]
             options = {"env_allocator": env_allocator}
