@@ -7,9 +7,10 @@ Two runtimes (``REGIS_QUERY_RUNTIME``, ``InferenceSettings``):
   2-core CPU (BENCHMARKS.md section 6, ``python -m bench.encode_batch``): ~1.5x less CPU per image than the
   encoder as built.
 - ``onnx``: the backbone's ``forward_features`` exported once per encoder with ``torch.onnx`` and run by ONNX
-  Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape and thread budget); the ROI pass's
-  resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the folded torch copy's images/s, and 48
-  instead of 67 ms of server CPU per query at 32 clients (BENCHMARKS.md section 6).
+  Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape and thread budget, all allocating from
+  one shared CPU arena); the ROI pass's resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the
+  folded torch copy's images/s, and 48 instead of 67 ms of server CPU per query at 32 clients (BENCHMARKS.md
+  section 6).
 - ``auto`` (default): ``onnx`` when ``onnxruntime`` can be imported, else ``torch``.
 
 Every copy is checked against the encoder before it is used (max abs token difference <= ``MAX_ABS_DIFF`` on a
@@ -48,9 +49,11 @@ ONNX_MODELS_KEPT = 2
 _lock = threading.RLock()
 _runtime: str | None = None  # set_query_runtime; None: the environment's (InferenceSettings)
 _onnx_threads: int | None = None  # set_onnx_threads; None: the calling thread's torch threads
-# OrtBackbone's defaults (python -m bench.query_memory, BENCHMARKS.md section 6)
+# OrtBackbone's defaults, from python -m bench.query_memory (BENCHMARKS.md section 6, "Memory"): sessions that
+# allocate from one shared arena took ~80 MiB less RSS for the 8 warm-up shapes at the same ms/image; one session
+# per pass with a free batch axis took less memory but ~20-30 % more ms/image, so one session per shape stays
 DYNAMIC_BATCH = False
-ENV_ALLOCATOR = False
+ENV_ALLOCATOR = True
 
 
 class InferenceSettings(BaseSettings):

@@ -88,6 +88,7 @@ def test_onnx_runtime_copy_gives_the_same_tokens_and_buddies_on_real_photos(lite
     sessions = fast.backbone._sessions
     assert {(6, 3, 224, 224), (6, 3, 160, 160), (1, 3, 224, 224), (3, 3, 160, 160)} <= set(sessions)
     assert all(s.get_session_options().intra_op_num_threads == 1 for s in sessions.values())
+    assert all(_uses_env_allocator(s) for s in sessions.values())  # one shared arena (bench.query_memory)
     assert state_dict_sha256(lite0_encoder.backbone) == before
     assert fast.weights_info == lite0_encoder.weights_info and fast.config == lite0_encoder.config
 
