@@ -125,8 +125,8 @@ def maxsim_gemm(query: torch.Tensor, docs: torch.Tensor, chunk_size: int | None 
 
     Same scores as ``maxsim_scores(query, docs)`` up to float summation order, without the 4-D einsum: the
     documents' tokens are flattened to (N * n, D), the query's (m, D) multiplied by their transpose and reduced
-    with a max over each document's n tokens and a sum over the m query tokens. On a CPU this is one BLAS GEMM; float16 or
-    bfloat16 documents are upcast to the query's dtype chunk by chunk (CPUs have no fast float16 GEMM).
+    with a max over each document's n tokens and a sum over the m query tokens. On a CPU this is one BLAS GEMM;
+    float16 or bfloat16 documents are upcast to the query's dtype chunk by chunk (CPUs have no fast float16 GEMM).
 
     Args:
         query: (m, D) float tokens (float32 on CPU).
