@@ -14,6 +14,7 @@ best of ``--repeats`` calls, on ``--threads`` torch threads::
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -72,7 +73,7 @@ def main() -> None:
             label = f"{size} (default)" if chunk == "default" else str(size)
             for form in args.forms.split(","):
                 fn = FORMS[form]
-                ms = best_ms(lambda fn=fn, size=size, query=query, docs=docs: fn(query, docs, chunk_size=size), args.repeats)
+                ms = best_ms(functools.partial(fn, query, docs, chunk_size=size), args.repeats)
                 print(f"| {n} | {label} | {form} | {ms:.1f} |", flush=True)
 
 
