@@ -138,7 +138,6 @@ def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, o
     its 400."""
     photos = sorted(photos_dir.iterdir())[:5]
     # the batch closes when its 5th image arrives; the long wait only keeps a busy machine's slow decodes in it
-    # (3 s was too short in one fresh-clone CI run: batches [1, 4]; 10 s is the settings' maximum)
     settings = Settings(index_dir=lite0_index, batch_max_size=5, batch_max_wait_ms=10_000)
     app = create_app(settings)
     with TestClient(app) as client:
@@ -151,12 +150,17 @@ def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, o
         jobs = [(p.name, p.read_bytes(), {"k": 8}) for p in photos] + [("corrupt", b"\xff\xd8 not a jpeg", {"k": 8})]
         # Each request decodes once all six are in flight: else on a busy machine the first one can finish
         # decoding before the others arrive and take the lone-request path (a race of the test, not the batcher).
-        gate, real_decode = threading.Event(), engine.decode_bytes
+        # The first waiter to see all six sets ``all_in`` for the others: the corrupt upload fails its decode at
+        # once and leaves, so a waiter that looked a moment later would see five and wait out its deadline.
+        gate, all_in, real_decode = threading.Event(), threading.Event(), engine.decode_bytes
 
         def decode_when_all_in_flight(data: bytes):
             deadline = time.monotonic() + 30
-            while gate.is_set() and app.state.batched.in_flight < len(jobs) and time.monotonic() < deadline:
-                time.sleep(0.005)
+            while gate.is_set() and not all_in.is_set() and time.monotonic() < deadline:
+                if app.state.batched.in_flight >= len(jobs):
+                    all_in.set()
+                else:
+                    time.sleep(0.005)
             return real_decode(data)
 
         gate.set()
