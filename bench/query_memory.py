@@ -11,9 +11,10 @@ median ms per image of ``encode`` (both passes) and of each backbone pass alone 
 Variants:
 
 - ``torch``: ``inference_copy(runtime="torch")`` (batch norm folded, channels-last);
-- ``ort``: ``OrtBackbone`` with one session per input shape, each with its own weights and arena;
+- ``ort``: one session per input shape, each with its own weights and arena;
 - ``ort-arena``: one session per input shape, all allocating from one shared CPU arena (ONNX Runtime's
-  environment allocator, ``session.use_env_allocators``: ``ort_session(env_allocator=True)``);
+  environment allocator, ``session.use_env_allocators``): what ``inference_copy(runtime="onnx")`` serves with
+  (``OrtBackbone``);
 - ``ort-init``: one session per input shape, all given the same weight arrays (``SessionOptions.add_initializer``
   with one ``OrtValue`` per initializer; the Python API has no ``PrepackedWeightsContainer`` in onnxruntime 1.2x);
 - ``ort-init-arena``: both;
@@ -21,10 +22,13 @@ Variants:
 - ``ort-dynamic-arena``: 2 sessions, shared arena;
 - ``ort-one``: one session with every axis free (batch, height, width) for both passes.
 
+Every ONNX Runtime variant but ``ort-arena`` puts a ``bench.ort_variants.VariantBackbone`` in place of the
+copy's ``OrtBackbone``: the library keeps only the sessions it serves with.
+
 Usage::
 
     python -m bench.query_memory                      # all variants, 1 thread, batch 1..4
-    python -m bench.query_memory --variants ort,ort-shared --repeats 21
+    python -m bench.query_memory --variants ort,ort-arena --repeats 21
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ VARIANTS = {"torch": None, "ort": (False, False, False), "ort-arena": (False, Tr
 
 def shared_initializers(model: bytes) -> tuple[list, dict]:
     """The weights (initializers) of an ONNX ``model`` as (numpy arrays to keep alive, name -> CPU ``OrtValue``
-    over those arrays), for ``ort_session(initializers=...)``."""
+    over those arrays), for ``VariantBackbone``'s ``initializers``."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -106,17 +110,18 @@ def measure(variant: str, threads: int, max_batch: int, repeats: int) -> dict:
     with torch.inference_mode():
         if VARIANTS[variant] is None:
             fast = inference.inference_copy(encoder, runtime="torch")
-        elif VARIANTS[variant] == "one":
-            fast = inference.onnx_copy(encoder, threads, dynamic_batch=False, env_allocator=False)
-            fast.backbone.MAX_SESSIONS = 0  # every shape: the one session with dynamic axes
         else:
-            dynamic, env_allocator, shared = VARIANTS[variant]
-            options = {"env_allocator": env_allocator}
-            arrays = None
-            if shared:
-                arrays, options["initializers"] = shared_initializers(model)
-            fast = inference.onnx_copy(encoder, threads, dynamic_batch=dynamic, **options)
-            fast.backbone.keep_alive = arrays  # the OrtValues' memory
+            from bench.ort_variants import VariantBackbone
+
+            fast = inference.onnx_copy(encoder, threads)  # its OrtBackbone: the ort-arena variant
+            if VARIANTS[variant] == "one":
+                fast.backbone = VariantBackbone(model, threads, dynamic_batch=False, env_allocator=False)
+                fast.backbone.MAX_SESSIONS = 0  # every shape: the one session with dynamic axes
+            elif VARIANTS[variant] != (False, True, False):
+                dynamic, env_allocator, shared = VARIANTS[variant]
+                arrays, initializers = shared_initializers(model) if shared else (None, None)
+                fast.backbone = VariantBackbone(model, threads, dynamic, env_allocator, initializers)
+                fast.backbone.keep_alive = arrays  # the OrtValues' memory
         for b in range(1, max_batch + 1):
             fast.encode(torch.zeros(b, 3, size, size))
         gc.collect()

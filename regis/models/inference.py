@@ -7,8 +7,8 @@ Two runtimes (``REGIS_QUERY_RUNTIME``, ``InferenceSettings``):
   2-core CPU (BENCHMARKS.md section 6, ``python -m bench.encode_batch``): ~1.5x less CPU per image than the
   encoder as built.
 - ``onnx``: the backbone's ``forward_features`` exported once per encoder with ``torch.onnx`` and run by ONNX
-  Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape and thread budget, all allocating from
-  one shared CPU arena); the ROI pass's resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the
+  Runtime (``onnxruntime``; ``OrtBackbone``: a session per input shape, all allocating from one shared CPU
+  arena); the ROI pass's resize and the cue, ROI and GeM readout stay in torch. 1.3-2x the
   folded torch copy's images/s, and 48 instead of 67 ms of server CPU per query at 32 clients (BENCHMARKS.md
   section 6).
 - ``auto`` (default): ``onnx`` when ``onnxruntime`` can be imported, else ``torch``.
@@ -49,11 +49,6 @@ ONNX_MODELS_KEPT = 2
 _lock = threading.RLock()
 _runtime: str | None = None  # set_query_runtime; None: the environment's (InferenceSettings)
 _onnx_threads: int | None = None  # set_onnx_threads; None: the calling thread's torch threads
-# OrtBackbone's defaults, from python -m bench.query_memory (BENCHMARKS.md section 6, "Memory"): sessions that
-# allocate from one shared arena took ~80 MiB less RSS for the 8 warm-up shapes at the same ms/image; one session
-# per pass with a free batch axis took less memory but ~20-30 % more ms/image, so one session per shape stays
-DYNAMIC_BATCH = False
-ENV_ALLOCATOR = True
 
 
 class InferenceSettings(BaseSettings):
@@ -173,49 +168,48 @@ class _Features(nn.Module):
 class OrtBackbone(nn.Module):
     """A CNN backbone's ``forward_features`` run by ONNX Runtime on the CPU, with sessions made on first use: one
     per input shape (batch, height, width), whose free dimensions are fixed with
-    ``add_free_dimension_override_by_name`` (ONNX Runtime then plans for that shape), or with ``dynamic_batch``
-    one per (height, width), i.e. per backbone pass, with the batch axis left free; past ``MAX_SESSIONS``, one
-    session with dynamic axes serves the other shapes.
+    ``add_free_dimension_override_by_name`` (ONNX Runtime then plans for that shape), all allocating from the
+    process's shared CPU arena (``ort_session``); past ``MAX_SESSIONS``, one session with dynamic axes serves
+    the other shapes.
+
+    Why these sessions (``python -m bench.query_memory``, BENCHMARKS.md section 6, "Memory"): the shared arena
+    took ~80 MiB less RSS for the 8 warm-up shapes than an arena per session, at the same ms/image; one session
+    per backbone pass with a free batch axis took less memory but ~20-30 % more ms/image. The variants not kept
+    live in that bench.
 
     Args:
         model: ``export_backbone_onnx``'s model.
         threads: intra-op threads of each session.
-        dynamic_batch: one session per (height, width) with a free batch axis, instead of one per input shape.
-        env_allocator: the sessions allocate from the process's shared CPU arena instead of one arena each.
-        initializers: name -> ``OrtValue`` given to every session instead of the model's own weights (None: each
-            session loads its own; ``ort_session``).
     """
 
     MAX_SESSIONS = 16
 
-    def __init__(self, model: bytes, threads: int, dynamic_batch: bool = DYNAMIC_BATCH,
-                 env_allocator: bool = ENV_ALLOCATOR, initializers: dict | None = None):
+    def __init__(self, model: bytes, threads: int):
         super().__init__()
         self.model = model
         self.threads = threads
-        self.dynamic_batch = dynamic_batch
-        self.session_options = {"env_allocator": env_allocator, "initializers": initializers}
         self._sessions: dict[tuple | None, object] = {}
         self._lock = threading.Lock()
         # RegisEncoder.encode reads its device from its first parameter: an empty one on the CPU
         self.device_anchor = nn.Parameter(torch.empty(0), requires_grad=False)
 
+    def new_session(self, dims: dict[str, int] | None):
+        """A session of the model with its free dimensions fixed to ``dims`` (None: all left free)."""
+        return ort_session(self.model, self.threads, dims)
+
     def session(self, shape: tuple[int, ...]):
         """The session for (B, 3, H, W) inputs of this ``shape`` (made on first use)."""
-        key = (None, None, shape[2], shape[3]) if self.dynamic_batch else tuple(shape)
+        key = tuple(shape)
         with self._lock:
             found = self._sessions.get(key)
             if found is None:
                 if len(self._sessions) < self.MAX_SESSIONS:
-                    dims = {"height": shape[2], "width": shape[3]}
-                    if not self.dynamic_batch:
-                        dims["batch"] = shape[0]
-                    found = self._sessions[key] = ort_session(self.model, self.threads, dims,
-                                                              **self.session_options)
+                    dims = {"batch": shape[0], "height": shape[2], "width": shape[3]}
+                    found = self._sessions[key] = self.new_session(dims)
                 else:
                     found = self._sessions.get(None)
                     if found is None:
-                        found = self._sessions[None] = ort_session(self.model, self.threads, **self.session_options)
+                        found = self._sessions[None] = self.new_session(None)
             return found
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
@@ -227,8 +221,9 @@ class OrtBackbone(nn.Module):
 _env_allocator = False
 
 
-def _register_env_allocator() -> None:
-    """Register one CPU arena allocator in ONNX Runtime's (process-wide) environment, once per process."""
+def use_env_allocator(opts) -> None:
+    """Make sessions built with ``opts`` (``onnxruntime.SessionOptions``) allocate from one CPU arena shared in
+    the process (ONNX Runtime's environment allocator, registered on first use) instead of an arena each."""
     global _env_allocator
     import onnxruntime as ort
 
@@ -237,6 +232,7 @@ def _register_env_allocator() -> None:
             info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
             ort.create_and_register_allocator(info, None)
             _env_allocator = True
+    opts.add_session_config_entry("session.use_env_allocators", "1")
 
 
 def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
@@ -265,15 +261,12 @@ def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
     return buf.getvalue()
 
 
-def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None, initializers: dict | None = None,
-                env_allocator: bool = False):
-    """An ONNX Runtime CPU session of ``model`` on ``threads`` intra-op threads (``inference_copy``'s thread budget),
-    one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core service shares them with
-    decoding and FAISS: BENCHMARKS.md section 6, "Oversubscription"). ``dims``: values for the model's free
-    dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input shape. ``initializers``:
-    name -> ``OrtValue`` used instead of the model's own weights (shared, not copied).
-    ``env_allocator``: allocate from the process's shared CPU arena (registered on first use) instead of an arena
-    of the session's own.
+def ort_session_options(threads: int, dims: dict[str, int] | None = None):
+    """``onnxruntime.SessionOptions`` for a CPU session on ``threads`` intra-op threads (``inference_copy``'s
+    thread budget), one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core
+    service shares them with decoding and FAISS: BENCHMARKS.md section 6, "Oversubscription"). ``dims``: values
+    for the model's free dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input
+    shape.
 
     Raises:
         ImportError: onnxruntime is not installed.
@@ -289,11 +282,20 @@ def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None, 
     opts.log_severity_level = 3
     for name, value in (dims or {}).items():
         opts.add_free_dimension_override_by_name(name, int(value))
-    for name, value in (initializers or {}).items():
-        opts.add_initializer(name, value)
-    if env_allocator:
-        _register_env_allocator()
-        opts.add_session_config_entry("session.use_env_allocators", "1")
+    return opts
+
+
+def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None):
+    """An ONNX Runtime CPU session of ``model`` with ``ort_session_options(threads, dims)``, allocating from the
+    process's shared CPU arena (``use_env_allocator``).
+
+    Raises:
+        ImportError: onnxruntime is not installed.
+    """
+    import onnxruntime as ort
+
+    opts = ort_session_options(threads, dims)
+    use_env_allocator(opts)
     return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
@@ -304,10 +306,10 @@ def _torch_copy(encoder):
     return fast
 
 
-def onnx_copy(encoder, threads: int, **backbone_options):
-    """A copy of a CNN ``encoder`` whose backbone is an ``OrtBackbone`` (``backbone_options``: its keyword
-    arguments; unset: its defaults), the rest copied; the ONNX export is made once per encoder config and
-    weights. Unchecked (``inference_copy`` checks the tokens).
+def onnx_copy(encoder, threads: int):
+    """A copy of a CNN ``encoder`` whose backbone is an ``OrtBackbone`` on ``threads`` intra-op threads, the rest
+    copied; the ONNX export is made once per encoder config and weights. Unchecked (``inference_copy`` checks
+    the tokens).
 
     Raises:
         ImportError: onnxruntime (or onnx, for the export) is not installed.
@@ -322,7 +324,7 @@ def onnx_copy(encoder, threads: int, **backbone_options):
         while len(_onnx_models) >= ONNX_MODELS_KEPT:
             del _onnx_models[next(iter(_onnx_models))]
         _onnx_models[key] = model
-    backbone = OrtBackbone(model, threads, **backbone_options)
+    backbone = OrtBackbone(model, threads)
     return copy.deepcopy(encoder, memo={id(encoder.backbone): backbone})  # everything but the backbone copied
 
 

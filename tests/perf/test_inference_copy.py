@@ -248,23 +248,31 @@ def test_torch_threads_default_to_the_cores_onnx_runtime_leaves(monkeypatch, tmp
     assert Settings(index_dir=tmp_path, query_runtime="onnx").resolved_torch_threads() == 2  # 4 cores - 2
 
 
-def test_dynamic_batch_and_shared_arena_sessions_give_the_same_features(lite0_encoder, photos_dir, one_thread):
-    """OrtBackbone's options: one session per backbone pass with a free batch axis, and sessions allocating from
-    the process's shared CPU arena (ONNX Runtime's environment allocator), give the backbone's features."""
+def test_the_benchs_session_variants_give_the_same_features(lite0_encoder, photos_dir, one_thread):
+    """``bench.query_memory``'s variants the library did not keep (``bench.ort_variants.VariantBackbone``): one
+    session per backbone pass with a free batch axis, sessions with an arena each or on the shared one, given
+    the model's weights as shared initializers: all give the backbone's features."""
     pytest.importorskip("onnxruntime", reason="the ONNX Runtime copy needs onnxruntime (a core dependency)")
     import torch.nn.functional as F
 
+    from bench.ort_variants import VariantBackbone
+    from bench.query_memory import shared_initializers
+
     fast = inference_copy(lite0_encoder, runtime="onnx", threads=1)
+    model = fast.backbone.model
     pixels = _photo_pixels(lite0_encoder, photos_dir, 3)
     small = F.interpolate(pixels, size=(160, 160), mode="bilinear", align_corners=False)
-    for dynamic, arena in [(True, False), (False, True), (True, True)]:
-        backbone = OrtBackbone(fast.backbone.model, threads=1, dynamic_batch=dynamic, env_allocator=arena)
+    _, initializers = shared_initializers(model)
+    for dynamic, arena, shared in [(True, False, False), (False, False, False), (True, True, False),
+                                   (False, False, True)]:
+        backbone = VariantBackbone(model, threads=1, dynamic_batch=dynamic, env_allocator=arena,
+                                   initializers=initializers if shared else None)
         for x in (pixels, pixels[:1], small, small[:2]):
             want = lite0_encoder.backbone.forward_features(x)
             assert torch.allclose(backbone.forward_features(x), want, atol=1e-4, rtol=0)
         sessions = backbone._sessions
         if dynamic:  # one session per pass, whatever the batch size
-            assert set(sessions) == {(None, None, 224, 224), (None, None, 160, 160)}
+            assert set(sessions) == {(0, 3, 224, 224), (0, 3, 160, 160)}
         else:
             assert set(sessions) == {(3, 3, 224, 224), (1, 3, 224, 224), (3, 3, 160, 160), (2, 3, 160, 160)}
         assert {_uses_env_allocator(s) for s in sessions.values()} == {arena}
