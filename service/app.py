@@ -29,18 +29,17 @@ log = logging.getLogger("regis.service")
 
 
 def load_engine(settings: Settings):
-    """Open the index and its encoder (read-only serving, no live updates)."""
-    from regis.models.inference import set_onnx_threads, set_query_runtime
+    """Open the index and its encoder (read-only serving, no live updates); queries are encoded with the
+    settings' runtime and threads (this engine's, not the process's)."""
     from regis.retrieve.query import QueryEngine, set_torch_threads
 
     set_torch_threads(settings.resolved_torch_threads())
-    set_query_runtime(settings.query_runtime)
-    set_onnx_threads(settings.resolved_query_threads())
     return QueryEngine.open(
         settings.index_dir,
         weights=str(settings.weights) if settings.weights else None,
         device=settings.device,
         max_pixels=settings.max_pixels,
+        **settings.query_encoding(),
     )
 
 

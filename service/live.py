@@ -82,13 +82,10 @@ class LiveIndex:
             IndexFormatError: no readable index (read-only service), or a corrupt one.
             IndexMismatchError / WeightsError: the encoder cannot be built or does not match the index.
         """
-        from regis.models.inference import set_onnx_threads, set_query_runtime
         from regis.retrieve.query import QueryEngine, set_torch_threads
 
         s = self.settings
         set_torch_threads(s.resolved_torch_threads())
-        set_query_runtime(s.query_runtime)
-        set_onnx_threads(s.resolved_query_threads())
         if self._load_sharded():
             return
         if self._current() is None and s.enable_jobs:
@@ -97,7 +94,7 @@ class LiveIndex:
             return
         if s.backbone is None and not s.random_init:  # the index's own encoder (as before jobs existed)
             self.engine = QueryEngine.open(s.index_dir, weights=str(s.weights) if s.weights else None,
-                                           device=s.device, max_pixels=s.max_pixels)
+                                           device=s.device, max_pixels=s.max_pixels, **s.query_encoding())
             self.encoder = self.engine.encoder
             return
         from regis.indexes.snapshot import IndexSnapshot
@@ -105,7 +102,7 @@ class LiveIndex:
         snapshot = IndexSnapshot.open(s.index_dir)
         try:
             self.encoder = self._build_encoder()
-            self.engine = QueryEngine(self.encoder, snapshot, s.device, s.max_pixels)
+            self.engine = QueryEngine(self.encoder, snapshot, s.device, s.max_pixels, **s.query_encoding())
         except BaseException:
             snapshot.close()
             raise
@@ -122,7 +119,7 @@ class LiveIndex:
         from regis.sharding.engine import ShardedQueryEngine
 
         self.engine = ShardedQueryEngine.open(s.index_dir, weights=str(s.weights) if s.weights else None,
-                                              device=s.device, max_pixels=s.max_pixels)
+                                              device=s.device, max_pixels=s.max_pixels, **s.query_encoding())
         self.encoder = self.engine.encoder
         return True
 
@@ -172,7 +169,8 @@ class LiveIndex:
                 if engine is None:
                     if self.encoder is None:
                         self.encoder = self._build_encoder()  # (the lock is held: not ensure_encoder)
-                    self.engine = QueryEngine(self.encoder, snapshot, self.settings.device, self.settings.max_pixels)
+                    self.engine = QueryEngine(self.encoder, snapshot, self.settings.device, self.settings.max_pixels,
+                                              **self.settings.query_encoding())
                 else:
                     engine.swap(snapshot)  # the old snapshot goes when the last query using it returns
             except RegisError as exc:

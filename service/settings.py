@@ -163,6 +163,11 @@ class Settings(BaseSettings):
 
         return self.query_threads or default_onnx_threads(self.batch_encode_workers)
 
+    def query_encoding(self) -> dict:
+        """The query engine's ``query_runtime`` and ``query_threads`` (``QueryEngine``'s keyword arguments):
+        each engine the service opens gets them, nothing is set for the process."""
+        return {"query_runtime": self.query_runtime, "query_threads": self.resolved_query_threads()}
+
     def resolved_torch_threads(self) -> int | None:
         """Torch intra-op threads: ``torch_threads``, else, when queries are encoded by ONNX Runtime on a CPU
         (``device`` "cpu" and ``query_runtime`` "onnx", or "auto" with ``onnxruntime`` installed), the cores

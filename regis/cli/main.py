@@ -93,7 +93,6 @@ def search(
     from regis.cli.options import index_dir_for
     from regis.errors import ConfigError
     from regis.indexes.filters import parse_filter
-    from regis.models.inference import set_query_runtime
     from regis.retrieve.query import QueryEngine
 
     paths = list(paths or [])
@@ -107,9 +106,10 @@ def search(
     where = parse_filter(filter_)
     if where:
         params["where"] = where
-    if "REGIS_QUERY_RUNTIME" not in os.environ:
-        set_query_runtime("torch")  # one query: an ONNX export (~3 s) would cost more than it saves
-    engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device)
+    # one query: an ONNX export (~3 s) would cost more than it saves, unless REGIS_QUERY_RUNTIME asks for it
+    runtime = None if "REGIS_QUERY_RUNTIME" in os.environ else "torch"
+    engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device,
+                              query_runtime=runtime)
     try:
         if image_id is not None:
             try:

@@ -1,7 +1,8 @@
 """Faster copies of a CNN encoder for CPU query encoding; the encoder itself is left untouched (its state dict
 and weights checksum are what index manifests record), a copy only answers ``encode`` / ``forward`` calls.
 
-Two runtimes (``REGIS_QUERY_RUNTIME``, ``InferenceSettings``):
+Two runtimes, chosen per caller (``inference_copy``'s ``runtime``: ``QueryEngine``'s ``query_runtime``, the
+service's ``REGIS_QUERY_RUNTIME``), by default ``REGIS_QUERY_RUNTIME`` (``InferenceSettings``):
 
 - ``torch``: batch norm folded into the convolutions, channels-last (``fold_batchnorm``). Measured on the
   2-core CPU (BENCHMARKS.md section 6, ``python -m bench.encode_batch``): ~1.5x less CPU per image than the
@@ -47,8 +48,6 @@ _copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # encoder -> {
 _onnx_models: dict[tuple[str, str], bytes] = {}
 ONNX_MODELS_KEPT = 2
 _lock = threading.RLock()
-_runtime: str | None = None  # set_query_runtime; None: the environment's (InferenceSettings)
-_onnx_threads: int | None = None  # set_onnx_threads; None: the calling thread's torch threads
 
 
 class InferenceSettings(BaseSettings):
@@ -65,30 +64,26 @@ class InferenceSettings(BaseSettings):
     query_runtime: QueryRuntime = "auto"
 
 
-def set_query_runtime(runtime: str | None) -> None:
-    """Choose the query runtime of this process ("auto", "onnx", "torch"; None: back to ``REGIS_QUERY_RUNTIME``).
-    Copies made before keep their runtime; later ``inference_copy`` calls use this one.
+def check_query_runtime(runtime: str | None) -> str | None:
+    """``runtime`` if it is None or one of ``QUERY_RUNTIMES``.
 
     Raises:
         ConfigError: an unknown runtime.
     """
-    global _runtime
     if runtime is not None and runtime not in QUERY_RUNTIMES:
         raise ConfigError(f"query runtime must be one of {QUERY_RUNTIMES}, got {runtime!r}")
-    _runtime = runtime
+    return runtime
 
 
-def set_onnx_threads(threads: int | None) -> None:
-    """Intra-op threads of the ONNX Runtime sessions ``inference_copy`` makes from now on in this process (None:
-    the calling thread's torch threads).
+def check_onnx_threads(threads: int | None) -> int | None:
+    """``threads`` if it is None or an integer >= 1.
 
     Raises:
-        ConfigError: fewer than 1 thread.
+        ConfigError: anything else.
     """
-    global _onnx_threads
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"ONNX Runtime threads must be an integer >= 1, got {threads!r}")
-    _onnx_threads = threads
+    return threads
 
 
 def default_onnx_threads(encode_workers: int = 1) -> int:
@@ -99,13 +94,11 @@ def default_onnx_threads(encode_workers: int = 1) -> int:
 
 
 def query_runtime() -> str:
-    """The query runtime in force: ``set_query_runtime``'s, else ``REGIS_QUERY_RUNTIME`` (default "auto").
+    """The default query runtime: ``REGIS_QUERY_RUNTIME`` (default "auto"), read now.
 
     Raises:
         ConfigError: ``REGIS_QUERY_RUNTIME`` holds an unknown value.
     """
-    if _runtime is not None:
-        return _runtime
     try:
         return InferenceSettings().query_runtime
     except ValidationError:
@@ -365,25 +358,25 @@ def inference_copy(encoder, runtime: str | None = None, threads: int | None = No
 
     Args:
         encoder: a ``regis.models.encoder.RegisEncoder`` in eval mode.
-        runtime: "auto", "onnx" or "torch" (module docstring); None: ``query_runtime()``.
-        threads: intra-op threads of an ONNX Runtime session (None: ``set_onnx_threads``' value, else the
-            calling thread's torch threads); the torch copy runs on the calling thread's torch threads.
+        runtime: "auto", "onnx" or "torch" (module docstring); None: ``query_runtime()``
+            (``REGIS_QUERY_RUNTIME``). Nothing process-wide: each caller (``QueryEngine``) passes its own.
+        threads: intra-op threads of an ONNX Runtime session (None: the calling thread's torch threads); the
+            torch copy runs on the calling thread's torch threads.
 
     Returns:
         An encoder with the same ``config``, ``weights_info`` and ``encode`` outputs (float32 rounding aside):
         the ONNX Runtime copy, else the folded torch copy, else (both failed the check) the encoder itself.
 
     Raises:
-        ConfigError: an unknown runtime.
+        ConfigError: an unknown runtime, or threads that are not an integer >= 1.
     """
-    runtime = runtime if runtime is not None else query_runtime()
-    if runtime not in QUERY_RUNTIMES:
-        raise ConfigError(f"query runtime must be one of {QUERY_RUNTIMES}, got {runtime!r}")
+    runtime = check_query_runtime(runtime) or query_runtime()
+    check_onnx_threads(threads)
     if (not isinstance(encoder, nn.Module) or encoder.config.kind != "cnn" or encoder.training
             or next(encoder.parameters()).device.type != "cpu"):
         return encoder
     use_onnx = runtime == "onnx" or (runtime == "auto" and onnxruntime_available())
-    threads = int(threads or _onnx_threads or torch.get_num_threads())
+    threads = threads or torch.get_num_threads()
     key = ("onnx", threads) if use_onnx else ("torch", 0)
     with _lock:
         cached = _copies.setdefault(encoder, {})

@@ -18,7 +18,8 @@ from regis.images.decode import DEFAULT_MAX_PIXELS, decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.weights_copy import stored_weights
 from regis.models.encoder import RegisEncoder, check_encoder_matches, encoder_from_manifest
-from regis.models.inference import inference_copy
+from regis.models.inference import check_onnx_threads, check_query_runtime, inference_copy
+from regis.models.inference import query_runtime as default_query_runtime
 from regis.models.transforms import eval_transform
 from regis.retrieve.searcher import MAX_K, Mode, Searcher
 
@@ -31,18 +32,25 @@ class QueryEngine:
         snapshot: the index version to search.
         device: torch device for encoding and rerank.
         max_pixels: decompression-bomb limit for query images, pixels.
-        fast_encode: encode queries with ``regis.models.inference.inference_copy(encoder)`` (CNNs on CPU: batch
-            norm folded, channels-last; ~1.5x less CPU per query, same tokens to float32 rounding).
+        fast_encode: encode queries with ``regis.models.inference.inference_copy`` (CNNs on CPU: the folded
+            torch copy or ONNX Runtime; less CPU per query, same tokens to float32 rounding).
+        query_runtime: the copy's runtime, this engine's own ("auto", "onnx", "torch"; None:
+            ``REGIS_QUERY_RUNTIME``, read now).
+        query_threads: intra-op threads of the ONNX Runtime copy's sessions (None: the encoding thread's torch
+            threads).
 
     Raises:
         IndexMismatchError: the encoder is not the index's.
+        ConfigError: an unknown query runtime (also in ``REGIS_QUERY_RUNTIME``), or query threads < 1.
     """
 
     def __init__(self, encoder: RegisEncoder, snapshot: IndexSnapshot, device: str = "cpu",
-                 max_pixels: int = DEFAULT_MAX_PIXELS, fast_encode: bool = True):
+                 max_pixels: int = DEFAULT_MAX_PIXELS, fast_encode: bool = True, query_runtime: str | None = None,
+                 query_threads: int | None = None):
         check_encoder_matches(encoder, snapshot.manifest.encoder, snapshot.manifest.weights)
         self.encoder = encoder
         self.fast_encode = fast_encode
+        self._set_query_runtime(query_runtime, query_threads)
         self.device = device
         self.max_pixels = max_pixels
         self.transform = eval_transform(encoder.config)
@@ -50,7 +58,8 @@ class QueryEngine:
 
     @classmethod
     def open(cls, index_dir: Path | str, weights: str | None = None, device: str = "cpu",
-             max_pixels: int = DEFAULT_MAX_PIXELS) -> QueryEngine:
+             max_pixels: int = DEFAULT_MAX_PIXELS, query_runtime: str | None = None,
+             query_threads: int | None = None) -> QueryEngine:
         """Open the live version of ``index_dir`` with the encoder its manifest names.
 
         Args:
@@ -58,28 +67,47 @@ class QueryEngine:
             weights: weights path overriding the manifest's ``file:`` source (must have the same checksum).
             device: torch device.
             max_pixels: decompression-bomb limit, pixels.
+            query_runtime, query_threads: as the constructor's.
 
         Raises:
             IndexFormatError: no readable index.
             IndexMismatchError / WeightsError: the index's encoder cannot be rebuilt identically.
+            ConfigError: as the constructor.
         """
         snapshot = IndexSnapshot.open(index_dir)
         try:
             stored = stored_weights(index_dir, snapshot.manifest.weights)
             encoder = encoder_from_manifest(snapshot.manifest.encoder, snapshot.manifest.weights, weights, device,
                                             stored=str(stored) if stored else None)
-            return cls(encoder, snapshot, device, max_pixels)
+            return cls(encoder, snapshot, device, max_pixels, query_runtime=query_runtime,
+                       query_threads=query_threads)
         except BaseException:
             snapshot.close()
             raise
 
-    fast_encode = True  # subclasses that do not call __init__ (ShardedQueryEngine) get the default
+    # subclasses that do not call __init__ get the defaults (ShardedQueryEngine calls _set_query_runtime)
+    fast_encode = True
+    query_runtime: str | None = None
+    query_threads: int | None = None
+
+    def _set_query_runtime(self, runtime: str | None = None, threads: int | None = None) -> None:
+        """This engine's query runtime and ONNX Runtime threads (the constructor's ``query_runtime`` and
+        ``query_threads``; None: ``REGIS_QUERY_RUNTIME``, read now, and the encoding thread's torch threads).
+
+        Raises:
+            ConfigError: an unknown runtime (also in ``REGIS_QUERY_RUNTIME``), or threads < 1.
+        """
+        self.query_runtime = check_query_runtime(runtime) or default_query_runtime()
+        self.query_threads = check_onnx_threads(threads)
 
     @property
     def query_encoder(self):
-        """The encoder queries are encoded with: ``inference_copy(self.encoder)`` (made once per encoder) when
-        ``fast_encode``, else the encoder itself."""
-        return inference_copy(self.encoder) if self.fast_encode else self.encoder
+        """The encoder queries are encoded with: ``inference_copy(self.encoder, self.query_runtime,
+        self.query_threads)`` (made once per encoder, runtime and threads) when ``fast_encode``, else the
+        encoder itself."""
+        if not self.fast_encode:
+            return self.encoder
+        return inference_copy(self.encoder, self.query_runtime, self.query_threads)
 
     @property
     def snapshot(self) -> IndexSnapshot:

@@ -189,16 +189,19 @@ class ShardedQueryEngine(QueryEngine):
         on_missing: "error" (a missing shard fails the query) or "partial" (answer with the others, flagged).
         refresh: ask every shard for its version now (False: the versions read 0 until ``refresh`` runs; remote
             shards are not called from the constructor, which may run on an event loop).
+        query_runtime, query_threads: how a CNN encoder in this process encodes queries (``QueryEngine``'s).
 
     Raises:
-        ConfigError: a shard count that does not match the collection's, or a bad ``on_missing``.
+        ConfigError: a shard count that does not match the collection's, a bad ``on_missing`` or query runtime.
         ShardsUnavailableError: with ``refresh``, a shard does not answer.
     """
 
     def __init__(self, encoder, shards: list, collection: Path | str, manifest, device: str = "cpu",
-                 max_pixels: int = DEFAULT_MAX_PIXELS, on_missing: str = "error", refresh: bool = True):
+                 max_pixels: int = DEFAULT_MAX_PIXELS, on_missing: str = "error", refresh: bool = True,
+                 query_runtime: str | None = None, query_threads: int | None = None):
         if on_missing not in ("error", "partial"):
             raise ConfigError(f"on_missing must be 'error' or 'partial', got {on_missing!r}")
+        self._set_query_runtime(query_runtime, query_threads)
         self.collection = Path(collection)
         self.num_shards = read_layout(collection)["num_shards"]
         if len(shards) != self.num_shards:
@@ -214,8 +217,10 @@ class ShardedQueryEngine(QueryEngine):
 
     @classmethod
     def open(cls, collection: Path | str, weights: str | None = None, device: str = "cpu",
-             max_pixels: int = DEFAULT_MAX_PIXELS) -> ShardedQueryEngine:
-        """Open every shard of ``collection`` in this process with the encoder its manifest names.
+             max_pixels: int = DEFAULT_MAX_PIXELS, query_runtime: str | None = None,
+             query_threads: int | None = None) -> ShardedQueryEngine:
+        """Open every shard of ``collection`` in this process with the encoder its manifest names
+        (``query_runtime``, ``query_threads``: as the constructor's).
 
         Raises:
             IndexFormatError: not a sharded collection, no shard version yet, or an unreadable shard.
@@ -233,7 +238,8 @@ class ShardedQueryEngine(QueryEngine):
         try:
             for s in range(read_layout(collection)["num_shards"]):
                 shards.append(LocalShard(LiveShard(collection, s, device)))
-            return cls(encoder, shards, collection, manifest, device, max_pixels)
+            return cls(encoder, shards, collection, manifest, device, max_pixels, query_runtime=query_runtime,
+                       query_threads=query_threads)
         except BaseException:
             for shard in shards:
                 shard.close()

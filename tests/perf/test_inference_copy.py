@@ -18,7 +18,6 @@ from regis.models.inference import (
     fold_batchnorm,
     inference_copy,
     onnxruntime_available,
-    set_onnx_threads,
 )
 from regis.models.weights import state_dict_sha256
 
@@ -163,11 +162,8 @@ def test_a_copy_that_fails_the_token_check_falls_back_with_a_warning(lite0_encod
 
 def test_query_runtime_setting(monkeypatch):
     from regis.errors import ConfigError
-    from regis.models import inference
-    from regis.models.inference import query_runtime, set_query_runtime
+    from regis.models.inference import query_runtime
 
-    # a service started by an earlier test chose its runtime for the process (set_query_runtime): none here
-    monkeypatch.setattr(inference, "_runtime", None)
     monkeypatch.delenv("REGIS_QUERY_RUNTIME", raising=False)
     assert query_runtime() == "auto"
     monkeypatch.setenv("REGIS_QUERY_RUNTIME", "torch")
@@ -176,43 +172,75 @@ def test_query_runtime_setting(monkeypatch):
     with pytest.raises(ConfigError, match="REGIS_QUERY_RUNTIME must be one of"):
         query_runtime()
     with pytest.raises(ConfigError, match="query runtime must be one of"):
-        set_query_runtime("tensorrt")
-    try:
-        set_query_runtime("onnx")
-        assert query_runtime() == "onnx"  # set_query_runtime wins over the environment
-    finally:
-        set_query_runtime(None)
-    with pytest.raises(ConfigError, match="query runtime must be one of"):
         inference_copy(object(), runtime="gpu")
+
+
+def test_engines_in_one_process_keep_their_own_query_runtime(lite0_encoder, lite0_index, fresh_copies, one_thread,
+                                                            monkeypatch):
+    """The runtime is each engine's: two engines over one encoder encode with different copies, and a service
+    started with runtime "torch" leaves a later engine on the environment's default (once process-wide, it
+    leaked from one test's service into a later test)."""
+    from fastapi.testclient import TestClient
+
+    from regis.errors import ConfigError
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.retrieve.query import QueryEngine
+    from service.app import create_app
+    from service.settings import Settings
+
+    monkeypatch.delenv("REGIS_QUERY_RUNTIME", raising=False)
+    engines = []
+    try:
+        for runtime in ("torch", "onnx"):
+            engines.append(QueryEngine(lite0_encoder, IndexSnapshot.open(lite0_index), query_runtime=runtime,
+                                       query_threads=1))
+        folded, ort = (e.query_encoder for e in engines)
+        assert isinstance(folded.backbone, _ChannelsLast)
+        if onnxruntime_available():
+            assert isinstance(ort.backbone, OrtBackbone) and ort.backbone.threads == 1
+        assert engines[0].query_encoder is folded  # still its own, after the other engine made its copy
+        app = create_app(Settings(index_dir=lite0_index, query_runtime="torch", batch_max_size=1))
+        with TestClient(app):
+            assert isinstance(app.state.live.engine.query_encoder.backbone, _ChannelsLast)
+        engines.append(QueryEngine(lite0_encoder, IndexSnapshot.open(lite0_index), query_threads=1))
+        assert engines[-1].query_runtime == "auto"  # the environment's default, not the service's "torch"
+        if onnxruntime_available():
+            assert engines[-1].query_encoder is ort
+        monkeypatch.setenv("REGIS_QUERY_RUNTIME", "torch")  # read when the engine is made
+        assert engines[-1].query_runtime == "auto"
+        engines.append(QueryEngine(lite0_encoder, IndexSnapshot.open(lite0_index)))
+        assert engines[-1].query_encoder is folded
+        with pytest.raises(ConfigError, match="query runtime must be one of"):
+            QueryEngine(lite0_encoder, engines[0].snapshot, query_runtime="tensorrt")
+        with pytest.raises(ConfigError, match="ONNX Runtime threads"):
+            QueryEngine(lite0_encoder, engines[0].snapshot, query_threads=0)
+    finally:
+        for engine in engines:
+            engine.close()
 
 
 def test_service_setting_reaches_the_query_encoder(lite0_index, fresh_copies, one_thread):
     """REGIS_QUERY_RUNTIME=torch: the service encodes queries with the folded copy, made at start-up."""
     from fastapi.testclient import TestClient
 
-    from regis.models.inference import set_query_runtime
     from service.app import create_app
     from service.settings import Settings
 
     with pytest.raises(ValueError, match="query_runtime"):
         Settings(index_dir=lite0_index, query_runtime="tensorrt")
-    try:
-        app = create_app(Settings(index_dir=lite0_index, query_runtime="torch", batch_max_size=1))
+    app = create_app(Settings(index_dir=lite0_index, query_runtime="torch", batch_max_size=1))
+    with TestClient(app):
+        engine = app.state.live.engine
+        assert isinstance(engine.query_encoder.backbone, _ChannelsLast)
+    if onnxruntime_available():  # REGIS_QUERY_THREADS reaches the ONNX Runtime sessions
+        app = create_app(Settings(index_dir=lite0_index, query_runtime="onnx", query_threads=3, batch_max_size=3))
         with TestClient(app):
-            engine = app.state.live.engine
-            assert isinstance(engine.query_encoder.backbone, _ChannelsLast)
-        if onnxruntime_available():  # REGIS_QUERY_THREADS reaches the ONNX Runtime sessions
-            app = create_app(Settings(index_dir=lite0_index, query_runtime="onnx", query_threads=3, batch_max_size=3))
-            with TestClient(app):
-                backbone = app.state.live.engine.query_encoder.backbone
-                assert isinstance(backbone, OrtBackbone) and backbone.threads == 3
-                # the batched service made a session per batch size at start-up (BatchedSearch.warm_up), for
-                # each backbone pass, before any request
-                batches = {shape[0] for shape in backbone._sessions if shape is not None}
-                assert batches == {1, 2, 3}
-    finally:
-        set_query_runtime(None)
-        set_onnx_threads(None)
+            backbone = app.state.live.engine.query_encoder.backbone
+            assert isinstance(backbone, OrtBackbone) and backbone.threads == 3
+            # the batched service made a session per batch size at start-up (BatchedSearch.warm_up), for
+            # each backbone pass, before any request
+            batches = {shape[0] for shape in backbone._sessions if shape is not None}
+            assert batches == {1, 2, 3}
 
 
 def test_onnx_threads_default_to_half_the_cores_of_each_encoder_thread(monkeypatch):
@@ -224,7 +252,7 @@ def test_onnx_threads_default_to_half_the_cores_of_each_encoder_thread(monkeypat
         assert default_onnx_threads(workers) == want
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="ONNX Runtime threads"):
-            set_onnx_threads(bad)
+            inference_copy(object(), threads=bad)
 
 
 def test_torch_threads_default_to_the_cores_onnx_runtime_leaves(monkeypatch, tmp_path):
