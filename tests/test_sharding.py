@@ -133,3 +133,71 @@ def test_sharded_writer_updates_deletes_and_continues_ids(tmp_path, tiny_encoder
         assert sharded.records(np.array([1]))[1].path == "p1-new.png"
     finally:
         sharded.close()
+
+
+def _rec(i, path=None):
+    return ImageRecord(int(i), path or f"p{i}.png", "0" * 64, 8, 8, 1, 0.0)
+
+
+def test_an_error_writing_one_shard_publishes_no_shard(tmp_path, tiny_encoder, monkeypatch):
+    """A write over both shards whose second shard fails to write its version (a full disk, say): neither
+    shard publishes (each used to commit in turn, so the first kept half the write), the locks are released
+    and the next writer removes the leftovers and writes the same images."""
+    from regis.indexes.layout import SEGMENTS_DIR, TMP_PREFIX, VERSIONS_DIR, read_current
+
+    rng = np.random.default_rng(2)
+    tokens = _clustered(rng, 6, rng.standard_normal((5, 32)), 0.1)
+    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(2)], tokens[:2])
+        w.commit()
+    before = [read_current(shard_dir(collection, s)) for s in range(2)]
+    real = IndexWriter._write_version
+
+    def failing(self, report):
+        if self.dir.name == "shard-001":
+            raise OSError("no space left on device")
+        return real(self, report)
+
+    monkeypatch.setattr(IndexWriter, "_write_version", failing)
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        with pytest.raises(OSError, match="no space left"):
+            w.commit()
+    assert [read_current(shard_dir(collection, s)) for s in range(2)] == before
+    assert read_layout(collection)["next_id"] == 2
+    monkeypatch.undo()
+    with ShardedWriter(collection, 2, config, weights, lock_timeout_s=0) as w:  # no lock left held
+        assert sorted(r.id for r in w.records_by_path().values()) == [0, 1]
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        manifests = w.commit()
+    assert [m.num_images for m in manifests] == [3, 3]
+    leftovers = [p for s in range(2) for d in (VERSIONS_DIR, SEGMENTS_DIR)
+                 for p in (shard_dir(collection, s) / d).iterdir() if p.name.startswith(TMP_PREFIX)]
+    assert leftovers == []
+
+
+def test_a_writer_that_waited_for_the_locks_hands_out_ids_after_the_last_writers(tmp_path, tiny_encoder):
+    """A writer opened while another holds the shards reads the collection's next id once it holds them:
+    the ids the other handed out and could not store (failed files) are not handed out again."""
+    import threading
+    import time
+
+    rng = np.random.default_rng(3)
+    tokens = _clustered(rng, 2, rng.standard_normal((5, 32)), 0.1)
+    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
+    first = ShardedWriter(collection, 2, config, weights)
+    ids = first.allocate_ids(5)
+    first.put([_rec(i) for i in ids[:2]], tokens)  # ids 2, 3 and 4: files that failed to decode
+    got = {}
+
+    def second():
+        with ShardedWriter(collection, 2, config, weights, lock_timeout_s=60) as w:
+            got["ids"] = w.allocate_ids(1).tolist()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.5)  # the second writer is waiting for shard 0's lock
+    first.commit()
+    thread.join(60)
+    assert got["ids"] == [5]

@@ -200,6 +200,7 @@ class IndexWriter:
         self._added: list[int] = []  # ids whose tokens are in the new segment
         self._changed = False
         self._done = False
+        self._prepared: Manifest | None = None
 
     def _load_buddies(self, base_dir: Path | None) -> tuple[np.ndarray | None, tuple[int, int] | None]:
         """The base version's buddy patches, sized like ``locations`` (None when it has none)."""
@@ -323,8 +324,10 @@ class IndexWriter:
         self._changed = True
 
     def abort(self) -> None:
-        """Drop everything this transaction wrote; the live version is untouched."""
+        """Drop everything this transaction wrote; the live version is untouched. After ``publish`` (before
+        ``finish``) nothing is dropped: the lock is released."""
         if self._done:
+            self._release()
             return
         self._done = True
         try:
@@ -337,28 +340,65 @@ class IndexWriter:
             self._release()
 
     def commit(self, report: dict | None = None) -> Manifest | None:
-        """Publish the new version; returns its manifest, or None (and aborts) when nothing changed.
+        """Publish the new version; returns its manifest, or None (and aborts) when nothing changed
+        (``prepare``, ``publish``, ``finish``).
 
         Args:
             report: optional JSON-ready build report, saved as ``build_report.json`` in the version.
         """
-        if self._done:
-            raise RuntimeError("this IndexWriter is already committed or aborted")
-        if not self._changed:
+        manifest = self.prepare(report)
+        if manifest is None:
             self.abort()
             return None
+        self.publish()
+        self.finish()
+        return manifest
+
+    def prepare(self, report: dict | None = None) -> Manifest | None:
+        """The first step of ``commit``: write the new version in full (segments, FAISS index, table, manifest,
+        all fsynced) without publishing it; its manifest, or None when nothing changed (the transaction is
+        still open then). A writer of several indexes (``regis.sharding.write``) prepares each before it
+        publishes any, so an error in one publishes nothing.
+
+        Raises:
+            RuntimeError: already committed, prepared or aborted.
+            Exception: whatever writing fails with (the transaction is then aborted).
+        """
+        if self._done or self._prepared is not None:
+            raise RuntimeError("this IndexWriter is already committed, prepared or aborted")
+        if not self._changed:
+            return None
         try:
-            manifest = self._write_version(report)
+            self._prepared = self._write_version(report)
+        except BaseException:
+            self.abort()
+            raise
+        return self._prepared
+
+    def publish(self) -> None:
+        """Make the prepared version live (rename it into ``versions/``, then replace CURRENT); the lock is
+        kept until ``finish`` (or ``abort``).
+
+        Raises:
+            RuntimeError: not prepared.
+            OSError: the rename or CURRENT could not be written (the transaction is then aborted, the live
+                version untouched).
+        """
+        if self._prepared is None or self._done:
+            raise RuntimeError("publish() needs a prepared, unpublished IndexWriter")
+        try:
             self._publish()
         except BaseException:
             self.abort()
             raise
         self._done = True
+
+    def finish(self) -> None:
+        """After ``publish``: drop the versions and segments no kept version needs, and release the lock."""
         try:
             self._collect_garbage()
         finally:
             self._release()
-        return manifest
 
     # ----------------------------------------------------------------- commit steps
     def _finish_segment(self) -> None:

@@ -1,9 +1,12 @@
 """Writing a sharded collection: one ``IndexWriter`` transaction per shard, driven with global image ids.
 
-Each shard commits atomically on its own (a shard is an ordinary index); ``ShardedWriter.commit`` commits them one
-after the other, then records the next global id in ``shards.json``. A writer killed between two shard commits
-leaves every shard on a complete version: the shards already committed have the new images, the others the old
-ones, and the next build (which plans from what the shards hold) adds what is missing, under the same ids.
+Each shard is an ordinary index with its own atomic versions. ``ShardedWriter.commit`` first writes every changed
+shard's new version in full (``IndexWriter.prepare``: segments, FAISS index, table, manifest, fsynced; an error
+there publishes nothing), then publishes them one after the other (a rename and a CURRENT each), records the next
+global id in ``shards.json``, and only then releases the shards' write locks. A writer killed inside the
+publishing leaves every shard on a complete version: the shards already published have the new images, the
+others the old ones (their prepared versions are removed by their next writer), and the next build (which plans
+from what the shards hold) or the retried upload job adds what is missing.
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from regis.indexes.manifest import Manifest
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
 from regis.models.encoder import EncoderConfig, WeightsInfo
-from regis.sharding.layout import create_collection, shard_dir, shard_of, to_global, to_local, write_layout
+from regis.sharding.layout import (
+    create_collection,
+    read_layout,
+    shard_dir,
+    shard_of,
+    to_global,
+    to_local,
+    write_layout,
+)
 
 
 class ShardedWriter:
@@ -29,22 +40,24 @@ class ShardedWriter:
         num_shards: S; must equal an existing collection's.
         encoder, weights: the encoder's config and weights info (checked against existing shards).
         **writer_kwargs: passed to each shard's ``IndexWriter`` (faiss_spec, nprobe, images_root, token_store,
-            depth, lock_timeout_s, keep_versions).
+            depth, candidates, lock_timeout_s, keep_versions).
 
     Raises:
         ConfigError: bad shard count (see ``create_collection``).
+        IndexFormatError: an unreadable ``shards.json``.
         IndexMismatchError / IndexLockedError: as ``IndexWriter``, for any shard.
     """
 
     def __init__(self, collection: Path | str, num_shards: int, encoder: EncoderConfig, weights: WeightsInfo,
                  **writer_kwargs):
         self.collection = Path(collection)
-        layout = create_collection(self.collection, num_shards)
+        create_collection(self.collection, num_shards)
         self.num_shards = num_shards
         self.writers: list[IndexWriter] = []
         try:
             for s in range(num_shards):
                 self.writers.append(IndexWriter(shard_dir(self.collection, s), encoder, weights, **writer_kwargs))
+            layout = read_layout(self.collection)  # under every shard's lock: the last writer's next id
         except BaseException:
             self.abort()
             raise
@@ -126,7 +139,9 @@ class ShardedWriter:
             self.writers[s].delete(local.tolist())
 
     def commit(self, report: dict | None = None, next_id: int | None = None) -> list[Manifest | None]:
-        """Publish every changed shard (one after the other), then the collection's next id.
+        """Write every changed shard's new version, then publish them (one after the other) and the collection's
+        next id, then release the locks (module docstring). An error before the first shard is published
+        leaves the collection as it was.
 
         Args:
             report: JSON-ready build report saved in each new shard version.
@@ -136,22 +151,34 @@ class ShardedWriter:
 
         Returns:
             Each shard's new manifest, or None where the shard did not change.
+
+        Raises:
+            RuntimeError: already committed or aborted.
+            Exception: whatever a shard's writing or publishing fails with (the transaction is aborted; shards
+                published before the error keep their new version).
         """
         if self._done:
             raise RuntimeError("this ShardedWriter is already committed or aborted")
         self._done = True
-        manifests = []
         try:
-            for w in self.writers:
-                manifests.append(w.commit(report))
+            manifests = [w.prepare(report) for w in self.writers]
+            for w, manifest in zip(self.writers, manifests, strict=True):
+                if manifest is not None:
+                    w.publish()
+            write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id)
         except BaseException:
             self.abort()
             raise
-        write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id)
+        try:
+            for w, manifest in zip(self.writers, manifests, strict=True):
+                if manifest is not None:
+                    w.finish()  # garbage collection, then the lock
+        finally:
+            self.abort()  # every lock released, also those of unchanged shards and after a failed clean-up
         return manifests
 
     def abort(self) -> None:
-        """Drop every shard's uncommitted changes."""
+        """Drop every shard's unpublished changes and release every shard's lock."""
         self._done = True
         for w in self.writers:
             w.abort()
@@ -251,8 +278,6 @@ class CollectionWriter(ShardedWriter):
     """
 
     def __init__(self, collection: Path | str, encoder: EncoderConfig, weights: WeightsInfo, **writer_kwargs):
-        from regis.sharding.layout import read_layout
-
         super().__init__(collection, read_layout(collection)["num_shards"], encoder, weights, **writer_kwargs)
         self.table = _CollectionTable(self)
 

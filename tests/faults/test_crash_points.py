@@ -116,3 +116,71 @@ def test_a_build_killed_inside_the_commit_window_loses_and_leaves_nothing(tmp_pa
     leftovers = [p.name for d in (index / VERSIONS_DIR, index / SEGMENTS_DIR) for p in d.iterdir()
                  if p.name.startswith(TMP_PREFIX)]
     assert leftovers == []
+
+
+SHARDED_WRITE = """
+import sys
+
+import numpy as np
+
+from regis.indexes.table import ImageRecord
+from regis.models.encoder import build_encoder
+from regis.sharding.write import ShardedWriter
+
+encoder = build_encoder("vit-tiny-reg4-test", random_init=True, seed=0)
+config = encoder.config
+collection, first, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tokens = np.random.default_rng(first).standard_normal((n, config.tokens_per_image, config.dim))
+tokens = (tokens / np.linalg.norm(tokens, axis=2, keepdims=True)).astype(np.float32)
+with ShardedWriter(collection, 2, config, encoder.weights_info) as w:
+    have = w.records_by_path()
+    todo = [i for i in range(n) if f"p{first + i}.png" not in have]  # what the shards do not hold yet
+    ids = w.allocate_ids(len(todo))
+    w.put([ImageRecord(int(g), f"p{first + i}.png", "0" * 64, 8, 8, 1, 0.0) for g, i in zip(ids, todo)],
+          tokens[todo])
+    w.commit()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["writer.version-renamed"])  # the later of the two windows
+def test_a_sharded_write_killed_inside_the_commit_window_publishes_no_shard(tmp_path, point):
+    """A write of 4 images over both shards of a collection, killed inside the first shard's commit window:
+    every shard still serves its old version (each shard's version is written before any is published); the
+    rerun publishes the 4 exactly once and removes the dead writer's prepared versions."""
+    import os
+    import subprocess
+    import sys
+
+    from regis.indexes.layout import SEGMENTS_DIR, TMP_PREFIX, VERSIONS_DIR, read_current
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.sharding.layout import shard_dir
+
+    script, collection = tmp_path / "write.py", tmp_path / "c"
+    script.write_text(SHARDED_WRITE)
+
+    def run(env: dict, first: int) -> int:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
+        return subprocess.run([sys.executable, str(script), str(collection), str(first), "4"], env=env,
+                              timeout=180).returncode
+
+    def currents() -> list:
+        return [read_current(shard_dir(collection, s)) for s in range(2)]
+
+    assert run({}, 0) == 0
+    before = currents()
+    assert run({"REGIS_CRASH_AT": point}, 4) == -signal.SIGKILL
+    assert currents() == before  # no shard published: the collection serves what it served
+    assert run({}, 4) == 0
+    rows = []
+    for s in range(2):
+        snap = IndexSnapshot.open(shard_dir(collection, s))
+        try:
+            rows += [(r.id * 2 + s, r.path) for r in snap.table.iter_all()]
+        finally:
+            snap.close()
+    assert sorted(path for _, path in rows) == sorted(f"p{i}.png" for i in range(8))  # nothing lost or twice
+    assert len({g for g, _ in rows}) == 8
+    leftovers = [p.name for s in range(2) for d in (VERSIONS_DIR, SEGMENTS_DIR)
+                 for p in (shard_dir(collection, s) / d).iterdir() if p.name.startswith(TMP_PREFIX)]
+    assert leftovers == []
