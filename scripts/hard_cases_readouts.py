@@ -356,8 +356,14 @@ def round3_variants(m: dict):
     for label, kw in (("before: mean pooling, N = 3, one pass (224 px)", before),
                       ("first round: GeM, N = 1, one pass (224 px)", {})):
         yield label, {"maxsim-10": (readout(*big["queries"], **kw), readout(*big["gallery"], **kw))}
+    q160 = tokens("queries", layout="cues160")[:, 5:]  # the query's 160 px pass's 5 cues (unit-norm)
     yield "query 15 tokens (+ its 160 px pass's 5 cues) vs the kept gallery", {
-        "maxsim-10": (torch.cat([q, tokens("queries", layout="cues160")[:, 5:]], 1), g)}
+        "maxsim-10": (torch.cat([q, q160], 1), g)}
+    # siblings of "query 15", fixed before their first measurement (fourth round)
+    yield "query 11 tokens (+ its 160 px pass's global cue) vs the kept gallery", {
+        "maxsim-10": (torch.cat([q, q160[:, :1]], 1), g)}
+    yield "query 14 tokens (+ its 160 px pass's 4 part cues) vs the kept gallery", {
+        "maxsim-10": (torch.cat([q, q160[:, 1:]], 1), g)}
 
 
 def run3(args) -> int:
