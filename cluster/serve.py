@@ -90,11 +90,12 @@ class Encoder:
     def _forward(self, pixels: np.ndarray) -> np.ndarray:
         import torch
 
-        return self.encoder.encode(torch.from_numpy(pixels)).float().cpu().numpy()
+        return self.encoder.encode_query(torch.from_numpy(pixels)).float().cpu().numpy()
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def encode(self, pixels: list[np.ndarray]) -> list[np.ndarray]:
-        """(3, H, W) float32 transformed images -> (T, D) float32 unit-norm tokens each; one forward pass."""
+        """(3, H, W) float32 transformed query images -> (m, D) float32 unit-norm query tokens each
+        (``RegisEncoder.encode_query``); one forward pass."""
         self.batch_sizes.append(len(pixels))
         del self.batch_sizes[:-1000]
         tokens = await asyncio.to_thread(self._forward, np.stack(pixels))
@@ -202,7 +203,7 @@ class RayShard:
 
 class RemoteEncoder:
     """The ``Encoder`` deployment with the interface ``QueryEngine`` uses of a ``RegisEncoder`` (``config``,
-    ``encode``); each image goes to ``@serve.batch`` on its own, so concurrent requests share forward passes.
+    ``encode_query``); each image goes to ``@serve.batch`` on its own, so concurrent requests share forward passes.
 
     Args:
         handle: the encoder deployment's handle.
@@ -213,8 +214,9 @@ class RemoteEncoder:
     def __init__(self, handle, config, timeout_s: float):
         self.handle, self.config, self.timeout_s = handle, config, timeout_s
 
-    def encode(self, pixels):
-        """(B, 3, H, W) float32 tensor -> (B, T, D) float32 tensor of unit-norm tokens.
+    def encode_query(self, pixels):
+        """(B, 3, H, W) float32 tensor -> (B, m, D) float32 tensor of unit-norm query tokens
+        (``RegisEncoder.encode_query``).
 
         Raises:
             EncoderUnavailableError: the deployment failed or did not answer in time.

@@ -63,17 +63,23 @@ def backbone_pass(encoder: RegisEncoder, images: list[Image.Image], batch: int =
     return torch.cat(cues), torch.cat(patches), grid
 
 
-def scorer_tokens(encoder: RegisEncoder, parts, roi_parts=None) -> dict[str, torch.Tensor]:
-    """The token sets the three scorers compare: name -> (n, T, D) unit-norm float32 (``roi_parts``: the ROI
-    pass, ``backbone_pass(..., roi=True)``)."""
+def scorer_tokens(encoder: RegisEncoder, parts, roi_parts=None, query: bool = False) -> dict[str, torch.Tensor]:
+    """The token sets the scorers compare: name -> (n, T, D) unit-norm float32 (``roi_parts``: the ROI pass,
+    ``backbone_pass(..., roi=True)``). An encoder whose queries get other tokens than the index
+    (``EncoderConfig.query_layout``) adds the scorer ``maxsim-q<m>``: the query's m tokens (``query``: these are
+    the query's) against the gallery's T (what a search with that encoder ranks by)."""
     cues, patches, grid = parts
     with torch.inference_mode():
         tokens = encoder.readout(cues, patches, grid, roi_parts=roi_parts)
-    return {
-        "maxsim-10": tokens,
-        "global": tokens[:, :1],
-        "dense": F.normalize(patches, dim=-1),
-    }
+        out = {
+            "maxsim-10": tokens,
+            "global": tokens[:, :1],
+            "dense": F.normalize(patches, dim=-1),
+        }
+        if encoder.config.query_layout != "tokens":
+            name = f"maxsim-q{encoder.config.query_tokens_per_image}"
+            out[name] = encoder.query_readout(cues, patches, grid, roi_parts=roi_parts) if query else tokens
+    return out
 
 
 def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
@@ -166,7 +172,8 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
     depend on the readout), not recomputed."""
     gi, qi = [it.image for it in hard.gallery], [it.image for it in hard.queries]
     g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, gi), backbone_pass(encoder, gi, roi=True))
-    q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, qi), backbone_pass(encoder, qi, roi=True))
+    q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, qi), backbone_pass(encoder, qi, roi=True),
+                      query=True)
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
     hits = {name: query_hits(maxsim_scores(q[name], g[name], chunk_size=16), hard.relevance)
@@ -208,6 +215,8 @@ def add_encoder_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cue-pooling", default=None, help="mean or gem (CNN; default: the encoder's)")
     ap.add_argument("--roi-image-size", type=int, default=None,
                     help="CNN: side (px) of the second pass the ROI tokens come from; 0: one pass")
+    ap.add_argument("--query-layout", default=None,
+                    help="tokens or tokens+roi-cues: the query's tokens (default: the encoder's)")
 
 
 def main() -> int:
@@ -224,7 +233,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     encoder = build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                             cue_method=args.cue_method, image_size=args.image_size, frame=args.frame,
-                            cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size)
+                            cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size,
+                            query_layout=args.query_layout)
     cfg = encoder.config
     runs, kinds, photos = [], [], []
     for seed in args.seed:

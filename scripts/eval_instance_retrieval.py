@@ -5,9 +5,11 @@ resize, JPEG quality, colour jitter, mixed) makes ``--repeats`` copies with diff
 copy is a query against the 21 originals; Recall@1 = the fraction of queries whose original ranks first.
 Three scorers over the same tokens, side by side:
 
-- ``maxsim-10``: late interaction over all 2(R + 1) tokens (what regis ranks with);
+- ``maxsim-10``: late interaction over all 2(R + 1) tokens (the query's and the original's);
 - ``maxsim-cls+reg``: late interaction over the R + 1 cue tokens only;
-- ``global``: the single global token (CLS, or a CNN's global average pool), cosine similarity.
+- ``global``: the single global token (CLS, or a CNN's global average pool), cosine similarity;
+- ``maxsim-q<m>`` (an encoder whose queries get m tokens other than the index's, ``EncoderConfig.query_layout``):
+  the query's m tokens against the originals' 2(R + 1) (what a search with that encoder ranks by).
 
 Usage:
     python scripts/eval_instance_retrieval.py [--backbone efficientnet-lite0] [--cue-method kmeans]
@@ -36,12 +38,14 @@ from regis.models.transforms import eval_transform
 from regis.scores.maxsim import maxsim_scores
 
 
-def encode_images(encoder, images: list[Image.Image], batch: int = 16) -> torch.Tensor:
-    """(n, T, D) float32 unit-norm tokens of PIL images, through the index's eval transform."""
+def encode_images(encoder, images: list[Image.Image], batch: int = 16, query: bool = False) -> torch.Tensor:
+    """(n, T, D) float32 unit-norm tokens of PIL images, through the index's eval transform (``query``: the
+    query's (n, m, D) tokens, ``encode_query``; its first T are the index's)."""
     tf = eval_transform(encoder.config)
+    encode = encoder.encode_query if query else encoder.encode
     out = []
     for i in range(0, len(images), batch):
-        out.append(encoder.encode(torch.stack([tf(im) for im in images[i : i + batch]])))
+        out.append(encode(torch.stack([tf(im) for im in images[i : i + batch]])))
     return torch.cat(out)
 
 
@@ -67,6 +71,7 @@ def main() -> int:
     ap.add_argument("--random-init", action="store_true")
     ap.add_argument("--cue-method", default=None)
     ap.add_argument("--roi-size", type=int, default=None, help="default: the encoder's")
+    ap.add_argument("--query-layout", default=None, help="tokens or tokens+roi-cues (default: the encoder's)")
     ap.add_argument("--repeats", type=int, default=1, help="copies per (photo, edit)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--crop-area", type=float, nargs=2, default=(0.5, 0.8), metavar=("LOW", "HIGH"),
@@ -76,7 +81,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     encoder = build_encoder(args.backbone, weights=args.weights, random_init=args.random_init,
-                            roi_size=args.roi_size, cue_method=args.cue_method)
+                            roi_size=args.roi_size, cue_method=args.cue_method, query_layout=args.query_layout)
     r = encoder.config.num_registers
     with tempfile.TemporaryDirectory() as tmp:
         paths = collect_sample_photos(Path(tmp))
@@ -94,7 +99,9 @@ def main() -> int:
                 queries.append(decode_image(edit(img, rng)).image)
                 truth.append(gi)
                 kinds.append(edit_name)
-    q = encode_images(encoder, queries)
+    q_all = encode_images(encoder, queries, query=True)
+    t = encoder.config.tokens_per_image
+    q = q_all[:, :t]
     truth, kinds = np.array(truth), np.array(kinds)
     elapsed = time.perf_counter() - t0
 
@@ -103,6 +110,8 @@ def main() -> int:
         "maxsim-cls+reg": (maxsim_scores(q[:, : r + 1], gallery[:, : r + 1]), r + 1),
         "global": (q[:, 0] @ gallery[:, 0].T, 1),
     }
+    if q_all.shape[1] != t:
+        scorers[f"maxsim-q{q_all.shape[1]}"] = (maxsim_scores(q_all, gallery), q_all.shape[1])
     table = {}
     for name, (scores, m) in scorers.items():
         row = {"all": recall_at_1(scores, truth), "margin": margin(scores, truth, m)}
@@ -124,6 +133,10 @@ def main() -> int:
     missed = [(names[truth[i]], kinds[i]) for i in np.flatnonzero(scorers["maxsim-10"][0].argmax(1).numpy() != truth)]
     if missed:
         print("maxsim-10 misses:", ", ".join(f"{n} ({k})" for n, k in missed))
+    for name, (scores, _) in scorers.items():
+        if name.startswith("maxsim-q"):
+            wrong = np.flatnonzero(scores.argmax(1).numpy() != truth)
+            print(f"{name} misses:", ", ".join(f"{names[truth[i]]} ({kinds[i]})" for i in wrong) or "none")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

@@ -204,7 +204,9 @@ def test_search_explain_shares_sum_to_the_returned_score(client, photos_dir):
     body = r.json()
     assert body["results"][0]["path"] == "skimage-chelsea.png"
     q = body["query"]
-    assert [t["kind"] for t in q["tokens"]] == ["cls"] + ["register"] * 4 + ["roi"] * 5
+    # the default CNN encoder's 15 query tokens: its 10 indexed ones, then the 5 cues of its 160 px ROI pass
+    assert [t["kind"] for t in q["tokens"]] == ["cls"] + ["register"] * 4 + ["roi"] * 5 + ["cls"] + ["register"] * 4
+    assert [t["name"] for t in q["tokens"]][9:] == ["roi-reg4", "pass2-cls"] + [f"pass2-reg{i}" for i in range(1, 5)]
     for t in q["tokens"]:
         if t["kind"] == "roi":
             x0, y0, x1, y1 = t["box"]
@@ -213,7 +215,7 @@ def test_search_explain_shares_sum_to_the_returned_score(client, photos_dir):
             assert t["box"] is None
     for hit in body["results"]:
         e = hit["explanation"]
-        assert len(e["matches"]) == 10
+        assert len(e["matches"]) == 15
         assert sum(m["contribution"] for m in e["matches"]) == pytest.approx(hit["score"], abs=1e-4)
         assert e["score"] == pytest.approx(hit["score"], abs=1e-4)
         assert sum(m["share"] for m in e["matches"]) == pytest.approx(1.0, abs=1e-5)
@@ -241,13 +243,14 @@ def test_pair_explanation_with_heatmap(client, photos_dir):
     assert body["explanation"]["score"] == pytest.approx(second["score"], abs=1e-4)
     heat = np.array(body["heatmap"]["values"])
     # on the grid of the buddy patches: the offline backbone's 160 px ROI pass, 5 x 5
-    assert heat.shape == (10, 5, 5) and heat.min() >= -1.001 and heat.max() <= 1.001
+    assert heat.shape == (15, 5, 5) and heat.min() >= -1.001 and heat.max() <= 1.001  # 15 query tokens
     x0, y0, x1, y1 = body["heatmap"]["region"]
     assert 0 <= x0 < x1 <= second["width"] and 0 <= y0 < y1 <= second["height"]
     same = client.post("/v1/explain", files={"file": ("q.png", data)}, data={"id": top["id"]}).json()
-    assert same["explanation"]["score"] == pytest.approx(10.0, abs=0.01)
+    # the indexed photo itself: its 10 tokens match themselves (10.0); the 5 ROI-pass cues add their best cosines
+    assert same["explanation"]["score"] == pytest.approx(top["score"], abs=1e-3) and 10.0 < top["score"] < 15.0
     assert all(m["query_token"] == m["result_token"] or m["similarity"] > 0.999
-               for m in same["explanation"]["matches"])
+               for m in same["explanation"]["matches"][:10])
 
 
 @pytest.mark.parametrize("files, data, status, code", [

@@ -84,7 +84,7 @@ def test_old_manifest_config_keeps_the_centre_crop():
 @pytest.mark.slow
 def test_defaults_tell_a_tile_from_its_photo(photos_dir, one_thread):
     """Gallery: a real photo and its 3 x 3 tiles. A re-shot 75 % view finds the photo, an edited tile its tile,
-    with the default encoder (10-token MaxSim)."""
+    with the default encoder: the 10 indexed tokens, and the query's 15 (``query_layout``) against them."""
     encoder = build_encoder("efficientnet-lite0")
     tf = eval_transform(encoder.config)
     img = decode_image(photos_dir / "skimage-coffee.png").image
@@ -98,9 +98,10 @@ def test_defaults_tell_a_tile_from_its_photo(photos_dir, one_thread):
     tile = img.crop((x0 + 6, y0 - 4, x1 + 6, y1 - 4))
     tile = decode_image(encode_jpeg(color_jitter(tile, rng, 0.2), 60)).image
     g = encoder.encode(torch.stack([tf(im) for im in gallery]))
-    q = encoder.encode(torch.stack([tf(view), tf(tile)]))
-    scores = maxsim_scores(q, g)
-    assert scores.argmax(dim=1).tolist() == [0, 1 + 5]
+    q = encoder.encode_query(torch.stack([tf(view), tf(tile)]))
+    assert q.shape[1] == 15 and torch.allclose(q[:, :10], encoder.encode(torch.stack([tf(view), tf(tile)])))
+    assert maxsim_scores(q, g).argmax(dim=1).tolist() == [0, 1 + 5]
+    assert maxsim_scores(q[:, :10], g).argmax(dim=1).tolist() == [0, 1 + 5]  # an index without query_layout
 
 
 def partial_view(img: Image.Image, box: tuple[float, float, float, float], seed: int) -> Image.Image:
@@ -126,9 +127,10 @@ def test_defaults_find_the_photo_of_a_partial_view_not_its_tile(photos_dir, one_
     img = decode_image(photos_dir / photo).image
     gallery = [img] + [img.crop(b) for b in tile_boxes(*img.size)]
     g = lite0_encoder.encode(torch.stack([tf(im) for im in gallery]))
-    q = lite0_encoder.encode(tf(partial_view(img, box, 0))[None])
-    scores = maxsim_scores(q, g)[0]
-    assert int(scores.argmax()) == 0, scores.tolist()
+    q = lite0_encoder.encode_query(tf(partial_view(img, box, 0))[None])
+    for m in (15, 10):  # the query's default 15 tokens, and the 10 of an index without query_layout
+        scores = maxsim_scores(q[:, :m], g)[0]
+        assert int(scores.argmax()) == 0, (m, scores.tolist())
 
 
 def test_gem_pooling_by_hand():
@@ -153,12 +155,42 @@ def test_defaults_and_old_manifests(tiny_encoder, lite0_encoder):
     assert (lite0_encoder.config.frame, lite0_encoder.config.roi_image_size) == ("center-crop", 160)
     assert (tiny_encoder.config.cue_pooling, tiny_encoder.config.roi_size) == ("mean", 3)
     assert tiny_encoder.config.roi_image_size is None
-    old = lite0_encoder.config.model_dump(exclude={"cue_pooling", "frame", "roi_image_size"}) | {"roi_size": 3}
-    config = EncoderConfig.model_validate(old)
+    old = lite0_encoder.config.model_dump(exclude={"cue_pooling", "frame", "roi_image_size", "query_layout"})
+    config = EncoderConfig.model_validate(old | {"roi_size": 3})
     assert (config.cue_pooling, config.frame, config.roi_image_size) == ("mean", "center-crop", None)
+    assert (config.query_layout, config.query_tokens_per_image) == ("tokens", 10)
     rebuilt = encoder_from_manifest(config, lite0_encoder.weights_info)
     assert rebuilt.config == config
     # an index of the previous defaults (GeM, N = 1, one pass) rebuilds as one pass too
-    one_pass = EncoderConfig.model_validate(lite0_encoder.config.model_dump(exclude={"roi_image_size"}))
+    one_pass = EncoderConfig.model_validate(lite0_encoder.config.model_dump(exclude={"roi_image_size",
+                                                                                   "query_layout"}))
     assert encoder_from_manifest(one_pass, lite0_encoder.weights_info).forward_roi_parts(
         torch.zeros(1, 3, 224, 224)) is None
+
+
+def test_query_layout_defaults_and_old_manifests(tiny_encoder, lite0_encoder):
+    """New CNN encoders with a ROI pass give queries 15 tokens: the 10 indexed ones, then the 5 cues of the ROI
+    pass. A manifest without ``query_layout`` (every index before it) keeps 10 query tokens; so do ViTs and
+    one-pass CNNs; asking for 15 without a ROI pass is refused."""
+    from regis.errors import ConfigError
+    from regis.models.encoder import encoder_from_manifest
+
+    cfg = lite0_encoder.config
+    assert (cfg.query_layout, cfg.tokens_per_image, cfg.query_tokens_per_image) == ("tokens+roi-cues", 10, 15)
+    assert (tiny_encoder.config.query_layout, tiny_encoder.config.query_tokens_per_image) == ("tokens", 10)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    q, t = lite0_encoder.encode_query(x), lite0_encoder.encode(x)
+    assert q.shape == (2, 15, 1280) and torch.equal(q[:, :10], t)
+    with torch.inference_mode():
+        cues = lite0_encoder.forward_roi_parts(x)[0]
+    assert torch.allclose(q[:, 10:], torch.nn.functional.normalize(cues, dim=-1), atol=1e-6)
+    # an index written before the field: 10 query tokens, the same encoder otherwise
+    old = EncoderConfig.model_validate(cfg.model_dump(exclude={"query_layout"}))
+    rebuilt = encoder_from_manifest(old, lite0_encoder.weights_info)
+    assert rebuilt.config == old and rebuilt.config.query_layout == "tokens"
+    assert torch.equal(rebuilt.encode_query(x), t)
+    assert build_encoder("efficientnet-lite0", roi_image_size=0).config.query_layout == "tokens"
+    with pytest.raises(ConfigError):
+        build_encoder("efficientnet-lite0", roi_image_size=0, query_layout="tokens+roi-cues")
+    with pytest.raises(ValueError):
+        EncoderConfig.model_validate(cfg.model_dump(exclude={"roi_image_size"}))

@@ -33,8 +33,15 @@ def _ids_scores(body):
 
 
 def test_search_by_id_equals_search_by_the_images_bytes(client, photos_dir):
+    """Search by id queries with the image's 10 stored tokens: a search by its bytes with the 10 indexed tokens of
+    the query (the default CNN's queries get 5 more, ``query_layout``, which the index does not store)."""
+    engine = client.app.state.live.engine
     for name in NAMES:
-        by_bytes = _search(client, (photos_dir / name).read_bytes(), k=8, mode="exact")
+        data = (photos_dir / name).read_bytes()
+        assert _search(client, data, k=1)["results"][0]["path"] == name
+        tokens, _ = engine.encode_bytes(data)
+        assert tokens.shape[0] == 15
+        by_bytes = engine.search_tokens(tokens[:10], k=8, mode="exact")
         image_id = by_bytes["results"][0]["id"]
         assert by_bytes["results"][0]["path"] == name
         r = client.get(f"/v1/images/{image_id}/similar", params={"k": 8, "mode": "exact"})
@@ -72,7 +79,7 @@ def test_batch_search_explains_each_query_as_a_single_search_does(client, photos
     assert len(batch) == 2
     for data, got in zip(datas, batch, strict=True):
         alone = client.post("/v1/search", files={"file": ("q", data)}, params={"k": 3, "explain": "true"}).json()
-        assert got["query"] == alone["query"] and len(got["query"]["tokens"]) == 10
+        assert got["query"] == alone["query"] and len(got["query"]["tokens"]) == 15  # the CNN's query layout
         assert _ids_scores(got)[0] == _ids_scores(alone)[0]
         assert _ids_scores(got)[1] == pytest.approx(_ids_scores(alone)[1], abs=1e-4)
         for g, a in zip(got["results"], alone["results"], strict=True):

@@ -33,7 +33,7 @@ def test_augmented_copy_finds_its_original_first(client, photos_dir):
         assert body["results"][0]["path"] == name
         assert [h["rank"] for h in body["results"]] == [1, 2, 3, 4, 5]
         scores = [h["score"] for h in body["results"]]
-        assert scores == sorted(scores, reverse=True) and scores[0] <= 10.0 + 1e-3
+        assert scores == sorted(scores, reverse=True) and scores[0] <= 15.0 + 1e-3  # one per query token
         assert set(body["timings_ms"]) == {"decode", "encode", "candidates", "rerank", "total"}
         assert body["index_version"] == 1
 
@@ -44,7 +44,38 @@ def test_exact_mode_agrees_on_the_top_result(client, photos_dir):
     exact = client.post("/v1/search", files=_upload(data, "q.png"), params={"k": 3, "mode": "exact"}).json()
     assert exact["num_candidates"] == 21
     assert ann["results"][0]["id"] == exact["results"][0]["id"]
-    assert ann["results"][0]["score"] == pytest.approx(10.0, abs=0.01)
+    assert ann["results"][0]["score"] == pytest.approx(exact["results"][0]["score"], abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["ann", "exact"])
+def test_search_score_is_maxsim_of_the_15_query_tokens_over_the_stored_10(client, lite0_index, lite0_encoder,
+                                                                           photos_dir, mode):
+    """The default encoder's queries get 15 tokens (``query_layout``: the 10 indexed ones plus the 5 cues of its
+    160 px ROI pass) and the index stores 10 per image: every score is MaxSim of those 15 over the stored 10."""
+    import torch
+
+    from regis.images.decode import decode_image
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.models.transforms import eval_transform
+
+    data = (photos_dir / "skimage-coffee.png").read_bytes()
+    body = client.post("/v1/search", files=_upload(data, "q.png"), params={"k": 5, "mode": mode}).json()
+    pixels = eval_transform(lite0_encoder.config)(decode_image(data).image)
+    query = lite0_encoder.encode_query(pixels[None])[0].numpy()
+    assert query.shape == (15, 1280)
+    snap = IndexSnapshot.open(lite0_index)
+    try:
+        assert snap.manifest.tokens_per_image == 10 and snap.manifest.encoder.query_layout == "tokens+roi-cues"
+        docs = snap.store.get(np.array([h["id"] for h in body["results"]])).astype(np.float32)
+    finally:
+        snap.close()
+    want = np.einsum("md,nkd->nmk", query, docs).max(axis=2).sum(axis=1)
+    got = np.array([h["score"] for h in body["results"]])
+    np.testing.assert_allclose(got, want, atol=2e-3)  # the service encodes with the inference copy
+    # the photo itself: its 10 indexed tokens match themselves (10.0), the 5 others add their best cosines
+    assert body["results"][0]["path"] == "skimage-coffee.png" and 10.0 < got[0] < 15.0
+    assert got[0] == pytest.approx(10.0 + float(torch.tensor(query[10:] @ docs[0].T).max(1).values.sum()),
+                                   abs=2e-3)
 
 
 def _png(img):

@@ -287,6 +287,9 @@ def evaluate(
     roi_size: RoiSize = None,
     cue_method: CueMethod = None,
     image_size: ImageSize = None,
+    query_layout: Annotated[str | None, typer.Option(
+        "--query-layout", help="tokens or tokens+roi-cues: the query's tokens for the multi-vector scores "
+        "(default: the encoder's).")] = None,
     ks: Annotated[str | None, typer.Option("--ks", help="Recall@K values, e.g. 1,2,4,8 (default: the "
                                            "dataset's protocol).")] = None,
     max_images: Annotated[int | None, typer.Option("--max-images", help="Evaluate a seeded random subset of "
@@ -321,6 +324,7 @@ def evaluate(
     encoder = build_encoder(
         backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, seed=seed,
         roi_size=roi_size, token_set=token_set, cue_method=cue_method, image_size=image_size, device=dev,
+        query_layout=query_layout,
     )
     eval_split = dataset.test if split == "test" else EvalSplit(dataset.train)
     t0 = time.perf_counter()

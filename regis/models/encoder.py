@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from torch import nn
 
 from regis.errors import ConfigError, IndexMismatchError, WeightsError
@@ -43,6 +43,12 @@ DEFAULT_CNN_ROI_SCALE = 1 / math.sqrt(2)
 CNN_STRIDE = 32
 DEFAULT_ROI_SIZE = 3  # ViTs, as in METHODS.md
 FRAMES = ("center-crop", "squash", "pad")
+# Query-token layouts (``EncoderConfig.query_layout``): "tokens", the T tokens an image is indexed with;
+# "tokens+roi-cues", those plus the R + 1 cue tokens of the CNN's ROI pass (already run for the ROI tokens, so no
+# extra encoder time): 2(R + 1) + R + 1 = 15 query tokens against the 10 indexed ones. docs/RESULTS.md, "Hard
+# cases", fourth round. A manifest or run config without the field means "tokens".
+QUERY_LAYOUTS = ("tokens", "tokens+roi-cues")
+DEFAULT_CNN_QUERY_LAYOUT = "tokens+roi-cues"
 DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
 
 
@@ -72,6 +78,9 @@ class EncoderConfig(BaseModel):
             aspect ratio kept, padded with the mean colour).
         interpolation: torchvision interpolation mode name.
         mean, std: per-channel normalisation.
+        query_layout: which tokens a query gets (the index's tokens are the same either way): "tokens" (the
+            T tokens above; every index written before the field existed) or "tokens+roi-cues" (CNN with a ROI
+            pass and every token: the T tokens plus the R + 1 cue tokens of the ROI pass, in that order).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -92,6 +101,7 @@ class EncoderConfig(BaseModel):
     interpolation: str = "bicubic"
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    query_layout: Literal["tokens", "tokens+roi-cues"] = "tokens"
 
     @field_validator("roi_size")
     @classmethod
@@ -112,10 +122,23 @@ class EncoderConfig(BaseModel):
         count = {"cls": 1, "cls+reg": r + 1, "cls+reg+roi": 2 * (r + 1)}[self.token_set]
         return list(range(count))
 
+    @model_validator(mode="after")
+    def _query_layout_needs_roi_pass(self) -> EncoderConfig:
+        if self.query_layout != "tokens" and (self.kind != "cnn" or self.roi_image_size is None
+                                              or self.token_set != "cls+reg+roi"):
+            raise ValueError(f"query layout {self.query_layout!r} needs a CNN with a ROI pass (roi_image_size) "
+                             "and the cls+reg+roi token set")
+        return self
+
     @property
     def tokens_per_image(self) -> int:
         """T, the number of tokens per image the encoder returns."""
         return len(self.token_positions)
+
+    @property
+    def query_tokens_per_image(self) -> int:
+        """m, the number of tokens a query gets (``query_layout``): T, or T + R + 1."""
+        return self.tokens_per_image + (self.num_registers + 1 if self.query_layout == "tokens+roi-cues" else 0)
 
 
 class WeightsInfo(BaseModel):
@@ -173,14 +196,17 @@ class RegisEncoder(nn.Module):
         """(B, 3, H, W) float -> (B, T, D) unit-norm tokens (see class docstring)."""
         return self.forward_with_buddies(images)[0]
 
-    def forward_with_buddies(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    def forward_with_buddies(self, images: torch.Tensor, query: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         """The tokens of ``forward`` and where each ROI token's window sits on the patch grid.
 
         Args:
             images: (B, 3, H, W) float.
+            query: the query's tokens (``config.query_layout``, ``query_readout``) instead of the index's.
 
         Returns:
-            tokens (B, T, D) float unit-norm (exactly ``forward``'s), buddies (B, R + 1) int64: the buddy
+            tokens (B, T, D) float unit-norm (exactly ``forward``'s; with ``query``: (B, m, D), m =
+            ``config.query_tokens_per_image``, whose first T are those), buddies (B, R + 1) int64: the buddy
             patch of each cue (row-major index on the grid; the ROI token of cue c is the N x N window centred
             there, ``regis.models.roi.window_bounds``), and the patch grid (h, w).
         """
@@ -188,7 +214,8 @@ class RegisEncoder(nn.Module):
         roi_parts = self.forward_roi_parts(images)
         rcues, rpatches, rgrid = roi_parts or parts
         buddies = buddy_patches(rcues, rpatches)
-        return self.readout(*parts, roi_parts=roi_parts), buddies, rgrid
+        readout = self.query_readout if query else self.readout
+        return readout(*parts, roi_parts=roi_parts), buddies, rgrid
 
     def forward_roi_parts(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None:
         """The second, smaller backbone pass the ROI tokens are read from (``config.roi_image_size``), or None
@@ -230,6 +257,35 @@ class RegisEncoder(nn.Module):
         else:
             tokens = cues[:, : self.config.tokens_per_image]
         return F.normalize(tokens.float(), dim=-1)
+
+    def query_readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int],
+                      roi_parts: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None) -> torch.Tensor:
+        """A query's (B, m, D) unit-norm tokens (``config.query_layout``): ``readout``'s T tokens, followed for
+        "tokens+roi-cues" by the R + 1 cue tokens of the ROI pass (``roi_parts``)."""
+        tokens = self.readout(cues, patches, grid, roi_parts=roi_parts)
+        if self.config.query_layout == "tokens":
+            return tokens
+        if roi_parts is None:
+            raise ConfigError("this encoder's queries read cue tokens from a second pass: pass roi_parts")
+        return torch.cat([tokens, F.normalize(roi_parts[0].float(), dim=-1)], 1)
+
+    @torch.inference_mode()
+    def encode_query(self, images: torch.Tensor, autocast: bool = True) -> torch.Tensor:
+        """Query encoding: as ``encode``, but (B, m, D) tokens in ``config.query_layout`` (m =
+        ``config.query_tokens_per_image``; the first T are ``encode``'s). What searches score against the index's
+        T tokens per image with MaxSim."""
+        return self.encode_query_with_buddies(images, autocast)[0]
+
+    @torch.inference_mode()
+    def encode_query_with_buddies(
+        self, images: torch.Tensor, autocast: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """``encode_with_buddies`` of a query: tokens (B, m, D) as ``encode_query``, buddies, grid."""
+        images = images.to(next(self.parameters()).device)
+        use_amp = autocast and images.device.type == "cuda"
+        with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            tokens, buddies, grid = self.forward_with_buddies(images, query=True)
+        return F.normalize(tokens.float(), dim=-1), buddies, grid
 
     @torch.inference_mode()
     def encode(self, images: torch.Tensor, autocast: bool = True) -> torch.Tensor:
@@ -296,6 +352,7 @@ def build_encoder(
     frame: str | None = None,
     cue_pooling: str | None = None,
     roi_image_size: int | None = None,
+    query_layout: str | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -315,6 +372,9 @@ def build_encoder(
         roi_image_size: CNN only: side (px) of the second pass the ROI tokens are read from
             (``EncoderConfig.roi_image_size``); 0: one pass. Default: the stored run config's (a run without
             the field: one pass), else ``default_roi_image_size(image_size)`` (224 -> 160 px).
+        query_layout: "tokens" or "tokens+roi-cues" (``EncoderConfig.query_layout``). Default: the stored run
+            config's (a run without the field: "tokens"), else ``DEFAULT_CNN_QUERY_LAYOUT`` for a CNN with a ROI
+            pass and every token, "tokens" otherwise.
 
     Returns:
         A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
@@ -353,6 +413,8 @@ def build_encoder(
         raise ConfigError(f"image size must be at least 32 px, got {size}")
     resize = size if image_size is not None else int(stored.get("resize_size", size))
     roi_pass = _resolve_roi_image_size(roi_image_size, stored, spec.kind, size)
+    tokens = token_set or stored.get("token_set", "cls+reg+roi")
+    layout = _resolve_query_layout(query_layout, stored, spec.kind, roi_pass, tokens)
     model, source = _resolve_weights(spec, weights, random_init, seed, loaded)
     model.eval()
     cfg = getattr(model, "pretrained_cfg", None) or {}
@@ -373,7 +435,7 @@ def build_encoder(
             "roi_size", DEFAULT_CNN_ROI_SIZE if spec.kind == "cnn" else DEFAULT_ROI_SIZE
         ),
         border=border or stored.get("border", "clip"),
-        token_set=token_set or stored.get("token_set", "cls+reg+roi"),
+        token_set=tokens,
         cue_method=(cue_method or stored.get("cue_method") or DEFAULT_CUE_METHOD) if spec.kind == "cnn" else None,
         cue_pooling=(cue_pooling or stored.get("cue_pooling", "mean" if stored else DEFAULT_CUE_POOLING))
         if spec.kind == "cnn" else "mean",
@@ -383,6 +445,7 @@ def build_encoder(
         frame=frame or stored.get("frame", DEFAULT_FRAME),
         mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
+        query_layout=layout,
     )
     info = WeightsInfo(source=source, sha256=state_dict_sha256(model))
     return RegisEncoder(model, spec, config, info).to(device).eval()
@@ -405,6 +468,19 @@ def _resolve_roi_image_size(value: int | None, stored: dict, kind: str, image_si
     if stored:
         return stored.get("roi_image_size")
     return default_roi_image_size(image_size)
+
+
+def _resolve_query_layout(value: str | None, stored: dict, kind: str, roi_pass: int | None, token_set: str) -> str:
+    can = kind == "cnn" and roi_pass is not None and token_set == "cls+reg+roi"
+    if value is not None:
+        if value not in QUERY_LAYOUTS:
+            raise ConfigError(f"query layout must be one of {QUERY_LAYOUTS}, got {value!r}")
+        if value != "tokens" and not can:
+            raise ConfigError(f"query layout {value!r} needs a CNN with a ROI pass and the cls+reg+roi token set")
+        return value
+    if stored:
+        return stored.get("query_layout", "tokens") if can else "tokens"
+    return DEFAULT_CNN_QUERY_LAYOUT if can else "tokens"
 
 
 def encoder_from_manifest(
@@ -437,7 +513,7 @@ def encoder_from_manifest(
     kwargs = dict(
         backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
         cue_method=config.cue_method, device=device, frame=config.frame, cue_pooling=config.cue_pooling,
-        roi_image_size=config.roi_image_size or 0,
+        roi_image_size=config.roi_image_size or 0, query_layout=config.query_layout,
     )
     if config.kind == "cnn":
         kwargs["image_size"] = config.image_size

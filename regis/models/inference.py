@@ -325,7 +325,7 @@ def _token_gap(fast, encoder) -> float:
     """Max abs token difference between ``fast`` and ``encoder`` on a seeded random (2, 3, S, S) batch."""
     size = encoder.config.image_size
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
-    return float((fast.encode(x) - encoder.encode(x)).abs().max())
+    return float((fast.encode_query(x) - encoder.encode_query(x)).abs().max())  # encode's tokens, and more
 
 
 def _checked(make, encoder, name: str):

@@ -70,13 +70,14 @@ def explain_encode(encoder, pixels: torch.Tensor, with_patches: bool = False
         with_patches: also return the patch tokens (one more backbone pass; for heatmaps).
 
     Returns:
-        tokens (T, D) float32 unit-norm, buddies (R + 1,) int64, the patch grid (h, w), and the (h * w, D)
-        float32 patch tokens of the pass the buddies are on (a CNN's ROI pass, else the one pass) or None.
+        the query's tokens (m, D) float32 unit-norm (``RegisEncoder.encode_query``: the first T are the index's),
+        buddies (R + 1,) int64, the patch grid (h, w), and the (h * w, D) float32 patch tokens of the pass the
+        buddies are on (a CNN's ROI pass, else the one pass) or None.
     """
     remote = getattr(encoder, "explain_encode", None)
     if remote is not None:
         return remote(pixels, with_patches)
-    tokens, buddies, grid = encoder.encode_with_buddies(pixels)
+    tokens, buddies, grid = encoder.encode_query_with_buddies(pixels)
     patches = None
     if with_patches:
         with torch.inference_mode():

@@ -146,29 +146,30 @@ class QueryEngine:
             pixels: (B, 3, H, W) float32, as ``decode_bytes`` returns them stacked.
 
         Returns:
-            (B, T, D) float32 unit-norm query tokens.
+            (B, m, D) float32 unit-norm query tokens (``RegisEncoder.encode_query``: m =
+            ``EncoderConfig.query_tokens_per_image``, the index's T tokens per image or more).
         """
-        return self.query_encoder.encode(pixels).float().cpu().numpy()
+        return self.query_encoder.encode_query(pixels).float().cpu().numpy()
 
     def encode_bytes(self, data: bytes) -> tuple[np.ndarray, dict[str, float]]:
         """Decode and encode a query image.
 
         Returns:
-            (T, D) float32 unit-norm query tokens and {"decode": ms, "encode": ms}.
+            (m, D) float32 unit-norm query tokens (``encode_pixels``) and {"decode": ms, "encode": ms}.
 
         Raises:
             ImageDecodeError: not a decodable image (see ``regis.images.decode``).
         """
         pixels, decode_ms = self.decode_bytes(data)
         t1 = time.perf_counter()
-        tokens = self.query_encoder.encode(pixels[None])[0].float().cpu().numpy()
+        tokens = self.query_encoder.encode_query(pixels[None])[0].float().cpu().numpy()
         t2 = time.perf_counter()
         return tokens, {"decode": decode_ms, "encode": (t2 - t1) * 1e3}
 
     def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
                       nprobe: int | None = None, candidates: str | None = None, where: dict | None = None,
                       offset: int = 0, score_threshold: float | None = None) -> dict:
-        """Search with precomputed query tokens (T, D); returns the JSON-ready result (see ``search_bytes``).
+        """Search with precomputed query tokens (m, D); returns the JSON-ready result (see ``search_bytes``).
 
         ``depth`` None uses the index manifest's default candidate depth; the result reports the depth used.
         ``candidates`` None uses the manifest's candidate method ("bounded" or "depth").
@@ -224,8 +225,10 @@ class QueryEngine:
         return result_json(result, records, searcher.snapshot.version, k, depth or searcher.default_depth, mode)
 
     def search_id(self, image_id: int, **params) -> dict:
-        """"More like this": ``search_tokens`` with the stored tokens of an indexed image (its float16 tokens,
-        so scores match a search by the image's bytes to float16 rounding).
+        """"More like this": ``search_tokens`` with the stored tokens of an indexed image (its float16 tokens, so
+        scores match a search by the image's bytes to float16 rounding when the query layout is the index's
+        tokens; with "tokens+roi-cues" (``EncoderConfig.query_layout``) an upload gets R + 1 tokens more, which
+        the index does not store: this searches with the T stored ones).
 
         Raises:
             KeyError: no live image ``image_id`` in the snapshot served now.

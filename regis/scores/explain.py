@@ -67,15 +67,19 @@ def token_matches(query: np.ndarray, doc: np.ndarray) -> TokenMatches:
 
 
 def token_names(num_registers: int, tokens_per_image: int) -> list[tuple[str, str]]:
-    """(name, kind) of each token position of the layout [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R].
+    """(name, kind) of each token position of the layout [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R],
+    followed, for a query of the "tokens+roi-cues" layout (``EncoderConfig.query_layout``), by the cue tokens of
+    the CNN's smaller ROI pass.
 
-    kind is "cls", "register" or "roi"; names are "cls", "reg1".., "roi-cls", "roi-reg1"... For CNN backbones
-    "cls" is the global average pool and the registers are part tokens (``regis.models.cues``).
+    kind is "cls", "register" or "roi"; names are "cls", "reg1".., "roi-cls", "roi-reg1"..., then "pass2-cls",
+    "pass2-reg1"... (kinds "cls" and "register"). For CNN backbones "cls" is the global average pool and the
+    registers are part tokens (``regis.models.cues``).
     """
     r = num_registers
     cues = ["cls", *[f"reg{i}" for i in range(1, r + 1)]]
     out = [(name, "cls" if name == "cls" else "register") for name in cues]
     out += [(f"roi-{name}", "roi") for name in cues]
+    out += [(f"pass2-{name}", kind) for name, kind in out[: r + 1]]
     return out[:tokens_per_image]
 
 

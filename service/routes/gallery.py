@@ -62,7 +62,8 @@ async def similar_images(
                                                "POST /v1/search?explain=true (the query is this image)")] = False,
 ) -> dict:
     """"More like this": search with the stored tokens of an indexed image (no upload, no encoding). The image
-    itself comes first (score = its self-similarity)."""
+    itself comes first (score = its self-similarity). The query is the image's T stored tokens, not the m tokens
+    an upload gets under the index's ``query_layout``, so scores are on another scale than a search by upload."""
     k = k or settings.default_k
     if k > settings.max_k:
         raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")

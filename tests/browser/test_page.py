@@ -111,7 +111,7 @@ def test_search_explain_more_like_this_and_errors(browser, server, query_file, t
         page.wait_for_function("document.getElementById('rImg').complete && document.getElementById('qImg').complete")
         assert page.locator("#qSvg rect.box").count() == 5  # the query's 5 ROI tokens
         assert page.locator("#rSvg rect.box").count() >= 1
-        assert page.locator("#matchRows tr").count() == 10
+        assert page.locator("#matchRows tr").count() == 15  # the query's 15 tokens (query_layout)
         _screenshot(page.locator("#detail"), tmp_path / "explain.png")
 
         # the heatmap of one ROI token over the result's 5 x 5 patches (the offline backbone's 160 px ROI pass)

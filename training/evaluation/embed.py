@@ -30,6 +30,7 @@ def embed_images(
     num_workers: int = 0,
     progress: bool = False,
     desc: str = "embed",
+    query: bool = False,
 ) -> torch.Tensor:
     """Tokens of every image under ``eval_transform(encoder.config)``.
 
@@ -40,6 +41,8 @@ def embed_images(
         num_workers: DataLoader worker processes.
         progress: show a tqdm bar.
         desc: the bar's label.
+        query: the query's tokens (``RegisEncoder.encode_query``: (N, m, D), m = ``query_tokens_per_image``, the
+            first T the index's), instead of the index's.
 
     Returns:
         (N, T, D) float32 unit-norm tokens on the encoder's device, in the order of ``images``.
@@ -54,5 +57,6 @@ def embed_images(
     loader = DataLoader(
         data, batch_size=batch_size, shuffle=False, num_workers=num_workers, generator=torch.Generator().manual_seed(0)
     )
-    out = [encoder.encode(x) for x, _ in tqdm(loader, desc=desc, disable=not progress, leave=False)]
+    encode = encoder.encode_query if query else encoder.encode
+    out = [encode(x) for x, _ in tqdm(loader, desc=desc, disable=not progress, leave=False)]
     return torch.cat(out)

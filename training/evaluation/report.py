@@ -36,13 +36,15 @@ def evaluate_encoder(
     """
     queries = subsample(split.queries, max_images, seed)
     t0 = time.perf_counter()
-    q_tokens = embed_images(encoder, queries, batch_size, num_workers, progress, "embed queries")
+    # the query's tokens (``EncoderConfig.query_layout``): what a search scores; their first T are the index's
+    q_tokens = embed_images(encoder, queries, batch_size, num_workers, progress, "embed queries", query=True)
     g_tokens = None
     if split.gallery is not None:
         g_tokens = embed_images(encoder, split.gallery, batch_size, num_workers, progress, "embed gallery")
     embed_s = time.perf_counter() - t0
     report = retrieval_metrics(
-        q_tokens, queries.labels, g_tokens, None if split.gallery is None else split.gallery.labels, ks
+        q_tokens, queries.labels, g_tokens, None if split.gallery is None else split.gallery.labels, ks,
+        index_tokens=encoder.config.tokens_per_image,
     )
     report["subset"] = None if max_images is None or max_images >= len(split.queries) else {
         "max_images": max_images, "seed": seed, "of": len(split.queries)}

@@ -76,15 +76,19 @@ def retrieval_metrics(
     gallery_labels: np.ndarray | None,
     ks: tuple[int, ...],
     scorings: tuple[str, ...] = SCORINGS,
+    index_tokens: int | None = None,
 ) -> dict:
     """Recall@K, mAP@R and R-precision of single- and multi-vector retrieval.
 
     Args:
-        query_tokens: (Q, T, D) float unit-norm tokens.
+        query_tokens: (Q, m, D) float unit-norm tokens (m >= T: a query layout with more tokens than the index's,
+            ``EncoderConfig.query_layout``, whose first T are the index's).
         query_labels: (Q,) int labels.
         gallery_tokens, gallery_labels: the gallery, or None for leave-one-out over the queries.
         ks: the K of Recall@K.
         scorings: which of "single", "multi".
+        index_tokens: T, the tokens an indexed image has: leave-one-out, the gallery is the queries' first T
+            tokens (None: all of them).
 
     Returns:
         ``{"num_queries", "num_gallery", "queries_without_relevant", "protocol", "single": {...}, "multi": {...}}``
@@ -95,7 +99,7 @@ def retrieval_metrics(
     """
     loo = gallery_tokens is None
     query_labels = np.asarray(query_labels, dtype=np.int64)
-    g_tokens = query_tokens if loo else gallery_tokens
+    g_tokens = query_tokens[:, :index_tokens] if loo else gallery_tokens
     g_labels = query_labels if loo else np.asarray(gallery_labels, dtype=np.int64)
     uniq, counts = np.unique(g_labels, return_counts=True)
     count_of = dict(zip(uniq.tolist(), counts.tolist(), strict=True))
