@@ -393,7 +393,11 @@ def run3(args) -> int:
     print(pooled_table({s: v for (n, s), v in pooled.items() if n == kept}, kinds, photos))
     order = ("all", *QUERY_KINDS[:-1])
     print(f"\n{'variant (maxsim-10 unless said)':58s} " + " ".join(f"{k:>22s}" for k in order))
-    ref = pooled[(kept, "maxsim-10")]["R@1"]
+    ref_key = (kept, "maxsim-10")
+    if args.reference:  # the first variant whose name contains it (its maxsim-10 scorer) is the reference instead
+        ref_key = next(k for k in pooled if args.reference in k[0] and k[1] == "maxsim-10")
+        print(f"differences: minus {ref_key[0]}")
+    ref = pooled[ref_key]["R@1"]
     rows = []
     for (name, scorer), h in pooled.items():
         cells, row = [], {"variant": name, "scorer": scorer, "kinds": {}}
@@ -404,13 +408,15 @@ def run3(args) -> int:
             lo_w, hi_w = wilson_interval(r1.sum(), int(sel.sum()))
             cells.append(f"{r1.mean():.3f} {d:+.3f} [{lo:+.2f},{hi:+.2f}]")
             row["kinds"][k] = {"n": int(sel.sum()), "R@1": float(r1.mean()), "R@1_95": [lo_w, hi_w],
-                               "mAP": float(h["mAP"][sel].mean()), "minus_kept": [d, lo, hi]}
+                               "mAP": float(h["mAP"][sel].mean()),
+                               "minus_reference" if args.reference else "minus_kept": [d, lo, hi]}
         rows.append(row)
         label = name if scorer == "maxsim-10" else f"{name[:40]} [{scorer}]"
         print(f"{label[:58]:58s} " + " ".join(f"{c:>22s}" for c in cells), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "seeds": args.seeds,
+                                         "reference": ref_key[0],
                                          "repeats": args.repeats, "queries": len(kinds), "rows": rows},
                                         indent=2) + "\n")
     return 0
@@ -454,6 +460,8 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--only", nargs="*", default=None, help="run the variants whose name contains one of these")
+    ap.add_argument("--reference", default=None,
+                    help="run3: differences to the variant whose name contains this (default: the kept defaults)")
     args = ap.parse_args()
     if args.what == "cache":
         for seed in args.seeds or [args.seed]:

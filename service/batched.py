@@ -29,7 +29,7 @@ SEARCH_THREADS = 1
 
 
 def _encode_batch(items: list[tuple[QueryEngine, torch.Tensor]]) -> list[np.ndarray]:
-    """(engine, (3, H, W) pixels) items -> (T, D) tokens each; one forward pass per encoder and input size."""
+    """(engine, (3, H, W) pixels) items -> (m, D) query tokens each; one forward pass per encoder and input size."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (engine, pixels) in enumerate(items):
         groups[(id(engine.query_encoder), tuple(pixels.shape))].append(i)
@@ -43,7 +43,7 @@ def _encode_batch(items: list[tuple[QueryEngine, torch.Tensor]]) -> list[np.ndar
 
 
 def _search_batch(items: list[tuple[QueryEngine, np.ndarray, tuple]]) -> list[dict]:
-    """(engine, (T, D) tokens, (k, depth, mode, nprobe)) items -> JSON-ready results; one batched search per
+    """(engine, (m, D) query tokens, (k, depth, mode, nprobe)) items -> JSON-ready results; one batched search per
     engine and parameter set."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (engine, _, params) in enumerate(items):

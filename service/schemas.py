@@ -13,7 +13,8 @@ class SearchHit(BaseModel):
 
     rank: int = Field(description="1-based rank")
     id: int = Field(description="stable image id")
-    score: float = Field(description="MaxSim score: sum over query tokens of the best cosine, in [-T, T]")
+    score: float = Field(description="MaxSim score: sum over the m query tokens of the best cosine, in [-m, m] "
+                                       "(m = 15 for new CNN indexes, query_layout; else 10)")
     path: str | None = Field(description="path relative to the indexed folder")
     width: int | None = None
     height: int | None = None
