@@ -5,9 +5,11 @@ Deployments:
 - ``Encoder``: the collection's encoder; ``@serve.batch`` groups concurrent queries into one forward pass (CUDA
   in bf16 when the replica has a GPU). Replicas: ``REGIS_RAY_ENCODER_REPLICAS``. The decorators' batch size and
   wait below are replaced at start-up by ``REGIS_RAY_MAX_BATCH_SIZE`` / ``REGIS_RAY_BATCH_WAIT_TIMEOUT_S``.
-- ``Shard`` (one deployment per shard, ``shard-000`` ...): the shard's live index version
-  (``regis.sharding.engine.LiveShard``: a new version is swapped in when the shard's CURRENT changes);
-  ``@serve.batch`` runs concurrent queries with the same parameters as one batched search. Replicas:
+- ``Shard`` (one deployment per shard, ``shard-000`` ...): the shard's index versions
+  (``regis.sharding.engine.LiveShard``): every call names the version the ingress serves (the collection
+  record's, ``regis.sharding.layout``; the ingress's index watcher reads the record and moves every shard at
+  once), so a query never mixes two writes; ``@serve.batch`` runs concurrent queries with the same version and
+  parameters as one batched search. Replicas:
   ``REGIS_RAY_SHARD_REPLICAS``.
 - Requests in flight per replica: ``REGIS_RAY_{INGRESS,ENCODER,SHARD}_MAX_ONGOING_REQUESTS`` (Ray Serve's
   ``max_ongoing_requests``; docs/SCALE.md).
@@ -132,15 +134,17 @@ class Shard:
         self.search.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
 
     def _search_batch(self, requests: list[tuple]) -> list[tuple]:
-        searcher = self.live.current()
         groups: dict[str, list[int]] = defaultdict(list)
-        for i, (_, *params) in enumerate(requests):
-            groups[json.dumps(params, sort_keys=True)].append(i)
+        for i, (version, _, *params) in enumerate(requests):
+            groups[json.dumps([version, *params], sort_keys=True)].append(i)
         out: list = [None] * len(requests)
         for members in groups.values():
-            params = requests[members[0]][1:]
-            queries = np.stack([requests[i][0] for i in members])
-            answer = _wrapped(searcher.search_batch, queries, *params)
+            version, _, *params = requests[members[0]]
+            queries = np.stack([requests[i][1] for i in members])
+            answer = _wrapped(self.live.at, version)
+            if answer[0] == "ok":
+                searcher = answer[1]
+                answer = _wrapped(searcher.search_batch, queries, *params)
             if answer[0] == "ok":
                 for r in answer[1]:  # the rows of its hits travel with the answer (no second call for them)
                     r.records = searcher.records(r.ids)
@@ -150,15 +154,20 @@ class Shard:
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def search(self, requests: list[tuple]) -> list[tuple]:
-        """Requests (query (m, D) float32, k, depth, mode, nprobe, candidates, where) -> ``_wrapped``
-        ``SearchResult`` each (global ids); requests with equal parameters run as one batched search."""
+        """Requests (shard version name, query (m, D) float32, k, depth, mode, nprobe, candidates, where) ->
+        ``_wrapped`` ``SearchResult`` each (global ids); requests with equal versions and parameters run as one
+        batched search."""
         return await asyncio.to_thread(self._search_batch, requests)
 
-    def call(self, method: str, *args) -> tuple:
-        """``ShardSearcher.<method>(*args)`` for ``method`` in ``SHARD_METHODS`` (``_wrapped``)."""
+    def call(self, version: str | None, method: str, *args) -> tuple:
+        """``ShardSearcher.<method>(*args)`` on the shard's version ``version``, for ``method`` in
+        ``SHARD_METHODS`` (``_wrapped``)."""
         if method not in SHARD_METHODS:
             return ("error", "ConfigError", f"unknown shard method {method!r}")
-        return _wrapped(getattr(self.live.current(), method), *args)
+        opened = _wrapped(self.live.at, version)
+        if opened[0] != "ok":
+            return opened
+        return _wrapped(getattr(opened[1], method), *args)
 
 
 class _RayCall:
@@ -193,11 +202,11 @@ class RayShard:
     def __init__(self, handle, shard: int, timeout_s: float):
         self.handle, self.shard, self.timeout_s = handle, shard, timeout_s
 
-    def call(self, method: str, *args) -> _RayCall:
-        """Start ``method`` on the shard (search through its ``@serve.batch``)."""
+    def call(self, method: str, *args, version: str | None) -> _RayCall:
+        """Start ``method`` on the shard's version ``version`` (search through its ``@serve.batch``)."""
         deadline = time.monotonic() + self.timeout_s
-        response = (self.handle.search.remote(args) if method == "search"
-                    else self.handle.call.remote(method, *args))
+        response = (self.handle.search.remote((version, *args)) if method == "search"
+                    else self.handle.call.remote(version, method, *args))
         return _RayCall(response, self.shard, deadline)
 
 

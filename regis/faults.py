@@ -5,6 +5,10 @@ interpreter start-up). Unset, a crash point costs one dictionary lookup.
 Points (where the window is):
     ``writer.segment-written``   index writer: the new token segment is on disk, no version published yet.
     ``writer.version-renamed``   index writer: the version directory is in place, CURRENT not yet replaced.
+    ``sharded.shard-renamed``    sharded writer: a changed shard's version is renamed into place (not live: no
+                                 collection record lists it yet); with two changed shards, between their renames.
+    ``sharded.record-written``   sharded writer: the collection record is replaced (the write is live), the
+                                 shards' CURRENT hints not yet written.
     ``upload.staged``            API: an upload's files are staged, its job not yet queued.
     ``job.placed``               job: uploaded files moved to their content-addressed place, index not yet
                                  written.

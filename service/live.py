@@ -129,7 +129,8 @@ class LiveIndex:
         return getattr(self.engine, "num_shards", None) is not None
 
     def _refresh_sharded(self, engine) -> bool:
-        """Follow each shard's live version (``ShardedQueryEngine.refresh``); True when any shard changed."""
+        """Follow the collection record (``ShardedQueryEngine.refresh``: every shard moves to the record's state
+        at once); True when the state changed."""
         with self._lock:
             if not engine.refresh():
                 return False

@@ -138,7 +138,7 @@ def test_failed_commit_leaves_the_old_index_intact(tiny_index, photos, tiny_enco
     def explode(*_a, **_k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(writer_mod, "write_bytes_atomic", explode)  # dies just before CURRENT is replaced
+    monkeypatch.setattr(writer_mod, "write_current", explode)  # dies just before CURRENT is replaced
     with pytest.raises(OSError, match="disk full"):
         build(photos, tiny_index, tiny_encoder)
     monkeypatch.undo()

@@ -40,7 +40,8 @@ def synthetic(tmp_path_factory, tiny_encoder):
 def test_ids_route_to_shards_and_tokens_are_copied_exactly(tmp_path, synthetic):
     index, _ = synthetic
     split_index(index, tmp_path / "c", 3, faiss_spec="IVF32,Flat", nprobe=1)
-    assert read_layout(tmp_path / "c") == {"format": "regis-sharded/1", "num_shards": 3, "next_id": 3000}
+    assert read_layout(tmp_path / "c") == {"format": "regis-sharded/2", "num_shards": 3, "next_id": 3000,
+                                           "version": 1, "shards": ["v000001", "v000001", "v000001"]}
     src = IndexSnapshot.open(index)
     try:
         for s in range(3):
@@ -201,3 +202,141 @@ def test_a_writer_that_waited_for_the_locks_hands_out_ids_after_the_last_writers
     first.commit()
     thread.join(60)
     assert got["ids"] == [5]
+
+
+def _engine(collection, encoder):
+    """A ``ShardedQueryEngine`` over every shard of ``collection`` in this process (its own encoder object)."""
+    from regis.sharding.engine import LiveShard, LocalShard, ShardedQueryEngine
+    from regis.sharding.layout import collection_manifest
+
+    shards = [LocalShard(LiveShard(collection, s)) for s in range(read_layout(collection)["num_shards"])]
+    return ShardedQueryEngine(encoder, shards, collection, collection_manifest(collection))
+
+
+def _rows(collection) -> list[tuple[int, str]]:
+    """(global id, path) of every image a reader opening ``collection`` now sees."""
+    sharded = ShardedSearcher(collection)
+    try:
+        return sorted((int(r.id), r.path) for r in sharded.records(np.arange(64)).values())
+    finally:
+        sharded.close()
+
+
+def test_an_error_publishing_the_second_shard_leaves_every_reader_on_the_old_state(tmp_path, tiny_encoder,
+                                                                                   monkeypatch):
+    """A write over both shards whose second shard's version cannot be put in place (an OS error on its
+    rename): the first shard's renamed version is not seen by any reader (it used to be live: half the write
+    published) and is removed; the next writer writes the same images once."""
+    from regis.indexes.layout import VERSIONS_DIR
+
+    rng = np.random.default_rng(4)
+    tokens = _clustered(rng, 6, rng.standard_normal((5, 32)), 0.1)
+    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(2)], tokens[:2])
+        w.commit()
+    before = _rows(collection)
+    versions = [sorted(p.name for p in (shard_dir(collection, s) / VERSIONS_DIR).iterdir()) for s in range(2)]
+    real = IndexWriter._publish
+
+    def failing(self, *args, **kwargs):
+        if self.dir.name == "shard-001":
+            raise OSError("input/output error")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(IndexWriter, "_publish", failing)
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        with pytest.raises(OSError, match="input/output"):
+            w.commit()
+    assert _rows(collection) == before == [(0, "p0.png"), (1, "p1.png")]
+    assert [sorted(p.name for p in (shard_dir(collection, s) / VERSIONS_DIR).iterdir())
+            for s in range(2)] == versions  # shard 0's renamed version withdrawn
+    assert read_layout(collection)["version"] == 1
+    monkeypatch.undo()
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        w.commit()
+    assert _rows(collection) == [(i, f"p{i}.png") for i in range(6)]
+
+
+def test_the_collection_version_rises_by_one_per_write_and_readers_move_at_once(tmp_path, tiny_encoder):
+    """Writes changing one, two and two shards of three: the collection's version is 1, 2, 3, 4 (it used to be
+    the sum of the shards' versions, rising by the number of shards changed); an engine serves the state it
+    read until it refreshes (it used to follow each shard's CURRENT on each call), then all of the next one."""
+    from regis.sharding.write import CollectionWriter
+
+    rng = np.random.default_rng(5)
+    tokens = _clustered(rng, 9, rng.standard_normal((5, 32)), 0.1)
+    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
+    with ShardedWriter(collection, 3, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(3)], tokens[:3])  # one image in each shard
+        w.commit()
+    engine = _engine(collection, tiny_encoder)
+    try:
+        versions, served = [engine.snapshot.version], {0, 1, 2}
+        writes = [([3], []), ([4, 5], []), ([], [0, 1])]  # shard 0; shards 1 and 2; delete in shards 0 and 1
+        for new, gone in writes:
+            with CollectionWriter(collection, config, weights) as w:
+                if new:
+                    ids = w.allocate_ids(len(new))
+                    assert ids.tolist() == new
+                    w.put([_rec(i) for i in ids], tokens[ids])
+                w.delete(gone)
+                committed = w.commit()
+            assert committed.version == versions[-1] + 1
+            assert {r.id for r in engine.snapshot.table.get_many(range(9)).values()} == served  # not refreshed
+            assert engine.refresh() and not engine.refresh()
+            versions.append(engine.snapshot.version)
+            served = (served | set(new)) - set(gone)
+            assert {r.id for r in engine.snapshot.table.get_many(range(9)).values()} == served
+        assert versions == [1, 2, 3, 4] and read_layout(collection)["version"] == 4
+        got = engine.search_tokens(tokens[2], k=3, mode="exact")
+        assert got["index_version"] == 4 and [h["id"] for h in got["results"]][0] == 2
+    finally:
+        engine.close()
+
+
+def test_a_collection_without_a_record_opens_searches_equal_and_gets_one_on_its_first_write(tmp_path,
+                                                                                            tiny_encoder):
+    """A collection written before the collection record (``shards.json`` format 1: each shard's CURRENT is its
+    live version) opens, searches as the same collection with a record, serves the sum of its shards' versions,
+    and its first write creates the record with the next version above that sum."""
+    import json
+
+    from regis.sharding.layout import SHARDS_FILE, read_state
+
+    rng = np.random.default_rng(6)
+    tokens = _clustered(rng, 8, rng.standard_normal((5, 32)), 0.1)
+    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
+    for part in (slice(0, 4), slice(4, 6)):  # shard 0: v000002, shard 1: v000002
+        with ShardedWriter(collection, 2, config, weights) as w:
+            n = part.stop - part.start
+            w.put([_rec(i) for i in w.allocate_ids(n)], tokens[part])
+            w.commit()
+    recorded = ShardedSearcher(collection)
+    want = [recorded.search(tokens[i], k=6, mode="exact") for i in range(6)]
+    recorded.close()
+    (collection / SHARDS_FILE).write_text(json.dumps({"format": "regis-sharded/1", "num_shards": 2,
+                                                      "next_id": 6}))  # as the layout was before the record
+    state = read_state(collection)
+    assert not state.recorded and state.names == ("v000002", "v000002") and state.version == 4
+    old = ShardedSearcher(collection)
+    try:
+        for i, w in enumerate(want):
+            got = old.search(tokens[i], k=6, mode="exact")
+            np.testing.assert_array_equal(got.ids, w.ids)
+            np.testing.assert_allclose(got.scores, w.scores, rtol=0, atol=1e-6)
+    finally:
+        old.close()
+    engine = _engine(collection, tiny_encoder)
+    try:
+        assert engine.snapshot.version == 4 and len(engine.snapshot) == 6
+        with ShardedWriter(collection, 2, config, weights) as w:
+            w.put([_rec(i) for i in w.allocate_ids(2)], tokens[6:])
+            w.commit()
+        assert read_layout(collection)["format"] == "regis-sharded/2" and read_state(collection).version == 5
+        assert engine.refresh() and engine.snapshot.version == 5 and len(engine.snapshot) == 8
+    finally:
+        engine.close()
+    assert _rows(collection) == [(i, f"p{i}.png") for i in range(8)]

@@ -77,6 +77,11 @@ def write_json_atomic(path: Path, obj: object) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 
 
+def write_current(index_dir: Path, name: str) -> None:
+    """Replace CURRENT with ``name`` atomically (``write_bytes_atomic``)."""
+    write_bytes_atomic(Path(index_dir) / CURRENT_FILE, (name + "\n").encode())
+
+
 def read_current(index_dir: Path) -> str | None:
     """Name of the live version directory, or None for an index that has none yet."""
     try:

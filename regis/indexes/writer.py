@@ -33,7 +33,6 @@ from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
 from regis.indexes.layout import (
     BUDDIES_FILE,
-    CURRENT_FILE,
     FAISS_FILE,
     LOCATIONS_FILE,
     LOCK_FILE,
@@ -47,7 +46,7 @@ from regis.indexes.layout import (
     fsync_file,
     read_current,
     version_name,
-    write_bytes_atomic,
+    write_current,
 )
 from regis.indexes.manifest import BuddyInfo, FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
 from regis.indexes.npy import load_npy
@@ -57,6 +56,7 @@ from regis.indexes.weights_copy import store_weights
 from regis.models.encoder import EncoderConfig, WeightsInfo
 
 DEFAULT_KEEP_VERSIONS = 3
+FROM_CURRENT = "<CURRENT>"  # IndexWriter's default base: the version CURRENT names
 # Token segments one version may reference. Every write adds a segment and every open version maps each of its
 # segments (one file descriptor each), so past this many the small ones are merged (``_compact_segments``).
 MAX_SEGMENTS = 8
@@ -110,6 +110,9 @@ class IndexWriter:
             stays the same, else ``faiss_index.default_depth``).
         candidates: candidate method recorded in the manifest, "bounded" or "depth"
             (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
+        base: the version this transaction starts from: ``FROM_CURRENT`` (the one CURRENT names), a version
+            name, or None (an empty index). A sharded collection's writer passes the version its collection
+            record lists (``regis.sharding.layout``), which CURRENT may lag behind.
 
     Raises:
         IndexLockedError: another writer holds the lock past the timeout.
@@ -130,6 +133,7 @@ class IndexWriter:
         token_store: str | None = None,
         depth: int | None = None,
         candidates: str | None = None,
+        base: str | None = FROM_CURRENT,
     ):
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -149,18 +153,18 @@ class IndexWriter:
         (self.dir / VERSIONS_DIR).mkdir(exist_ok=True)
         self._lock_fd: int | None = _acquire_lock(self.dir, lock_timeout_s)
         try:
-            self._open(encoder, weights, faiss_spec, nprobe, images_root, keep_versions)
+            self._open(encoder, weights, faiss_spec, nprobe, images_root, keep_versions, base)
         except BaseException:
             self._release()
             raise
 
-    def _open(self, encoder, weights, faiss_spec, nprobe, images_root, keep_versions) -> None:
+    def _open(self, encoder, weights, faiss_spec, nprobe, images_root, keep_versions, base) -> None:
         self.encoder = encoder
         self.weights = weights
         self.keep_versions = keep_versions
         self.T = encoder.tokens_per_image
         self.D = encoder.dim
-        base_name = read_current(self.dir)
+        base_name = read_current(self.dir) if base == FROM_CURRENT else base
         self.base: Manifest | None = read_manifest(self.dir / VERSIONS_DIR / base_name) if base_name else None
         base_dir = self.dir / VERSIONS_DIR / base_name if base_name else None
         if self.base is not None:
@@ -201,6 +205,8 @@ class IndexWriter:
         self._changed = False
         self._done = False
         self._prepared: Manifest | None = None
+        self._published = False  # renamed into versions/
+        self._made_live = False  # ... and CURRENT names it
 
     def _load_buddies(self, base_dir: Path | None) -> tuple[np.ndarray | None, tuple[int, int] | None]:
         """The base version's buddy patches, sized like ``locations`` (None when it has none)."""
@@ -329,15 +335,19 @@ class IndexWriter:
         if self._done:
             self._release()
             return
-        self._done = True
         try:
-            if self._seg_file is not None:
-                self._seg_file.close()
-            self._seg_tmp.unlink(missing_ok=True)
-            self.table.close()
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self._drop_temporary()
         finally:
             self._release()
+
+    def _drop_temporary(self) -> None:
+        """Remove this transaction's unpublished files (its segment and version under construction)."""
+        self._done = True
+        if self._seg_file is not None:
+            self._seg_file.close()
+        self._seg_tmp.unlink(missing_ok=True)
+        self.table.close()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def commit(self, report: dict | None = None) -> Manifest | None:
         """Publish the new version; returns its manifest, or None (and aborts) when nothing changed
@@ -375,9 +385,14 @@ class IndexWriter:
             raise
         return self._prepared
 
-    def publish(self) -> None:
+    def publish(self, current: bool = True) -> None:
         """Make the prepared version live (rename it into ``versions/``, then replace CURRENT); the lock is
         kept until ``finish`` (or ``abort``).
+
+        Args:
+            current: False: only rename the version into ``versions/``; the caller makes it live another way
+                (a sharded collection's record, ``regis.sharding.write``) and calls ``withdraw`` if it cannot.
+                Until then no reader opens it, and the next writer removes it if it was never made live.
 
         Raises:
             RuntimeError: not prepared.
@@ -387,15 +402,29 @@ class IndexWriter:
         if self._prepared is None or self._done:
             raise RuntimeError("publish() needs a prepared, unpublished IndexWriter")
         try:
-            self._publish()
+            self._publish(current)
         except BaseException:
             self.abort()
             raise
-        self._done = True
+        self._done = self._published = True
+        self._made_live = current
+
+    def withdraw(self) -> None:
+        """After ``publish(current=False)``: remove the renamed version (the caller could not make it live)
+        and release the lock."""
+        if self._published and not self._made_live:
+            shutil.rmtree(self.dir / VERSIONS_DIR / version_name(self.version), ignore_errors=True)
+            self._published = False
+        self.abort()
 
     def finish(self) -> None:
-        """After ``publish``: drop the versions and segments no kept version needs, and release the lock."""
+        """After ``publish``: drop the versions and segments no kept version needs, and release the lock. On
+        a transaction that changed nothing (``prepare`` returned None): drop its temporary files, collect the
+        garbage around the version it started from (e.g. versions a killed writer renamed but never made live),
+        and release the lock."""
         try:
+            if not self._done:
+                self._drop_temporary()
             self._collect_garbage()
         finally:
             self._release()
@@ -566,24 +595,27 @@ class IndexWriter:
         fsync_dir(self.tmp_dir)
         return manifest
 
-    def _publish(self) -> None:
+    def _publish(self, current: bool = True) -> None:
         final = self.dir / VERSIONS_DIR / version_name(self.version)
         os.replace(self.tmp_dir, final)
         fsync_dir(self.dir / VERSIONS_DIR)
+        if not current:
+            return
         crash_point("writer.version-renamed")
         try:
-            write_bytes_atomic(self.dir / CURRENT_FILE, (version_name(self.version) + "\n").encode())
+            write_current(self.dir, version_name(self.version))
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)  # never published: CURRENT still names the old version
             raise
 
     def _collect_garbage(self) -> None:
-        """Keep the live version and its ``keep_versions - 1`` nearest ancestors (the parent chain); drop every
-        other version directory (older ones, and leftovers of writers that died before publishing), temporary
-        files, and the segments no kept version references."""
+        """Keep the live version (this transaction's once published, else its base) and its
+        ``keep_versions - 1`` nearest ancestors (the parent chain); drop every other version directory (older
+        ones, and leftovers of writers that died before publishing), temporary files, and the segments no kept
+        version references."""
         versions_dir = self.dir / VERSIONS_DIR
         keep: dict[int, Manifest] = {}
-        version: int | None = self.version
+        version: int | None = self.version if self._published else (self.base.version if self.base else None)
         while version is not None and len(keep) < self.keep_versions:
             try:
                 manifest = read_manifest(versions_dir / version_name(version))

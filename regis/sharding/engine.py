@@ -2,9 +2,9 @@
 
 ``ShardedQueryEngine`` decodes and encodes a query once, fans the query tokens out to every shard, merges their
 exact MaxSim top-k (``regis.sharding.search.merge_top_k``) and pages the merged list. The shards are reached
-through *shard clients* with one method, ``call(method, *args)`` -> a handle whose ``result()`` gives the answer
-of ``ShardSearcher.<method>`` (``search``, ``select``, ``records``, ``tokens``, ``info``, ``explain``,
-``stored_image``):
+through *shard clients* with one method, ``call(method, *args, version=name)`` -> a handle whose ``result()``
+gives the answer of ``ShardSearcher.<method>`` (``search``, ``select``, ``records``, ``tokens``, ``info``,
+``explain``, ``stored_image``) on the shard's version ``name``:
 
 - ``LocalShard``: the shard opened in this process (embedded ``regis serve`` on a sharded collection);
 - ``cluster.serve.RayShard``: a Ray Serve shard deployment (``regis serve --ray``).
@@ -15,8 +15,12 @@ whose call fails with ``UnavailableError`` (dead replica, timeout) is *missing*:
 other shards with ``partial: true`` and ``missing_shards``: never a silently incomplete ranking.
 
 ``snapshot`` is a ``ShardedView``: what the routes read of an ``IndexSnapshot`` (``version``, ``name``,
-``len()``, ``manifest``, ``index_dir``, ``table.get / get_many / select_where``). The collection's version is
-the sum of its shards' versions (it grows whenever any shard publishes a version; the query cache keys on it).
+``len()``, ``manifest``, ``index_dir``, ``table.get / get_many / select_where``). The engine serves one
+published state of the collection at a time (``regis.sharding.layout.read_state``: the collection record's
+version and the version of every shard) and passes each shard's version with every call (``version=``), so
+a query's fan-out reads one state: all of a write or none of it. ``refresh`` reads the record again and moves
+every shard to the new state at once. The collection's version (what the query cache keys on) is the record's:
+one more per write.
 
 Explanations (``explain=true``, POST /v1/explain): each result lives in one shard (``shard_of``), an ordinary
 regis index with its own stored tokens and buddy patches, so that shard explains it (``explain_hits``: one call
@@ -27,18 +31,18 @@ unsharded index's explanations of the same images.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
 from regis.errors import ConfigError, NotSupportedError, ShardsUnavailableError, UnavailableError
 from regis.images.decode import DEFAULT_MAX_PIXELS
-from regis.indexes.layout import read_current
 from regis.indexes.table import ImageRecord
 from regis.models.transforms import eval_transform
 from regis.retrieve.query import QueryEngine, _page, result_json
 from regis.retrieve.searcher import MAX_K, Mode
-from regis.sharding.layout import read_layout, shard_dir, shard_of
+from regis.sharding.layout import CollectionState, read_layout, read_state, shard_of, version_number
 from regis.sharding.search import ShardSearcher, merge_top_k
 
 READ_ONLY = ("regis on Ray Serve is read-only: add, change or delete images by building the collection again with "
@@ -64,8 +68,10 @@ class _Done:
 
 
 class LiveShard:
-    """One shard of a collection opened in this process, following its live version: ``current()`` reopens the
-    shard when its CURRENT names another version (a query in flight keeps the searcher it started with).
+    """One shard of a collection opened in this process, at the versions its callers ask for: ``at(name)``
+    opens version ``name`` unless it is open already. The newest version stays open; the one it replaced is
+    kept ``GRACE_S`` seconds for queries pinned to the state before (a query in flight keeps the searcher it
+    started with either way; a dropped one is freed when the last query using it returns).
 
     Args:
         collection: the collection folder.
@@ -73,27 +79,54 @@ class LiveShard:
         device: torch device for the rerank.
     """
 
+    GRACE_S = 30.0
+
     def __init__(self, collection: Path | str, shard: int, device: str = "cpu"):
         self.collection, self.shard, self.device = str(collection), shard, device
-        self.searcher = ShardSearcher.open(collection, shard, device)
         self._lock = threading.Lock()
+        self._open: list[ShardSearcher] = []  # newest version first
+        self._replaced_at = 0.0
+        self.at(read_state(collection).names[shard])
+
+    @property
+    def searcher(self) -> ShardSearcher:
+        """The newest version opened."""
+        return self._open[0]
+
+    def at(self, name: str | None) -> ShardSearcher:
+        """The searcher over version ``name`` of the shard (None: empty), opened if needed.
+
+        Raises:
+            IndexFormatError: the version is missing or unreadable.
+        """
+        opened = self._open
+        for searcher in opened:
+            if searcher.name == name:
+                if searcher is opened[0] and len(opened) > 1 and time.monotonic() - self._replaced_at > self.GRACE_S:
+                    with self._lock:  # the grace is over: drop the replaced version
+                        if self._open[0] is searcher:
+                            self._open = self._open[:1]
+                return searcher
+        with self._lock:
+            for searcher in self._open:
+                if searcher.name == name:
+                    return searcher
+            searcher = ShardSearcher.open(self.collection, self.shard, self.device, name)
+            if self._open and version_number(name) < version_number(self._open[0].name):
+                self._open = [self._open[0], searcher]  # an older state asked again: keep the newest first
+            else:
+                self._open = [searcher, *self._open[:1]]
+                self._replaced_at = time.monotonic()
+            return searcher
 
     def current(self) -> ShardSearcher:
-        """The searcher over the shard's live version (swapped when CURRENT changed; the old one is freed when
-        the last query using it returns)."""
-        path = shard_dir(self.collection, self.shard)
-        name = read_current(path) if path.is_dir() else None
-        searcher = self.searcher
-        if name is not None and searcher.name != name:
-            with self._lock:
-                if self.searcher is searcher:
-                    self.searcher = ShardSearcher.open(self.collection, self.shard, self.device)
-                searcher = self.searcher
-        return searcher
+        """The searcher over the version the collection's record lists now."""
+        return self.at(read_state(self.collection).names[self.shard])
 
     def close(self) -> None:
-        """Close the shard's snapshot."""
-        self.searcher.close()
+        """Close the shard's open snapshots."""
+        for searcher in self._open:
+            searcher.close()
 
 
 class LocalShard:
@@ -102,12 +135,20 @@ class LocalShard:
     def __init__(self, live: LiveShard):
         self.live = live
 
-    def call(self, method: str, *args) -> _Done:
-        """``ShardSearcher.<method>(*args)`` on the shard's live version."""
-        return _Done(getattr(self.live.current(), method), *args)
+    def call(self, method: str, *args, version: str | None) -> _Done:
+        """``ShardSearcher.<method>(*args)`` on the shard's version ``version``."""
+        try:
+            searcher = self.live.at(version)
+        except Exception as exc:  # handed to whoever asks for the result
+            return _Done(_raise, exc)
+        return _Done(getattr(searcher, method), *args)
 
     def close(self) -> None:
         self.live.close()
+
+
+def _raise(exc: Exception):
+    raise exc
 
 
 class ShardedTable:
@@ -116,8 +157,9 @@ class ShardedTable:
     def __init__(self, engine: ShardedQueryEngine):
         self.engine = engine
 
-    def get_many(self, ids) -> dict[int, ImageRecord]:
-        """Rows of global ``ids`` (each asked of its own shard), keyed by id; unknown ids are absent.
+    def get_many(self, ids, state: CollectionState | None = None) -> dict[int, ImageRecord]:
+        """Rows of global ``ids`` (each asked of its own shard), keyed by id; unknown ids are absent (``state``:
+        the collection state to read, default the engine's).
 
         Raises:
             ShardsUnavailableError: a shard holding some of the ids did not answer.
@@ -125,8 +167,9 @@ class ShardedTable:
         ids = np.asarray(list(ids), dtype=np.int64)
         if not len(ids):
             return {}
+        state = state or self.engine.state
         owners = shard_of(ids, self.engine.num_shards)
-        calls = {int(s): self.engine.shards[int(s)].call("records", ids[owners == s]) for s in np.unique(owners)}
+        calls = {int(s): self.engine._call(state, int(s), "records", ids[owners == s]) for s in np.unique(owners)}
         out: dict[int, ImageRecord] = {}
         for s, call in calls.items():
             out.update(self.engine._answer(s, call, required=True))
@@ -146,7 +189,9 @@ class ShardedTable:
         Raises:
             ShardsUnavailableError: a shard did not answer.
         """
-        calls = [s.call("select", where, list(params), limit, offset) for s in self.engine.shards]
+        state = self.engine.state
+        calls = [self.engine._call(state, s, "select", where, list(params), limit, offset)
+                 for s in range(self.engine.num_shards)]
         answers = [self.engine._answer(i, c, required=True) for i, c in enumerate(calls)]
         rows = sorted((r for part, _ in answers for r in part), key=lambda r: r.id)
         return rows[offset : offset + limit], sum(total for _, total in answers)
@@ -163,13 +208,13 @@ class ShardedView:
 
     @property
     def version(self) -> int:
-        """Sum of the shards' index versions (grows with any shard's new version)."""
-        return sum(i["version"] or 0 for i in self.engine.infos)
+        """The collection's version (its record's: one more per write; ``regis.sharding.layout.read_state``)."""
+        return self.engine.state.version
 
     @property
     def name(self) -> str:
         """The shards' version names, joined with "+" ("-" for an empty shard)."""
-        return "+".join(i["name"] or "-" for i in self.engine.infos)
+        return "+".join(name or "-" for name in self.engine.state.names)
 
     def __len__(self) -> int:
         return sum(i["images"] for i in self.engine.infos)
@@ -187,8 +232,9 @@ class ShardedQueryEngine(QueryEngine):
         device: torch device of the encoder.
         max_pixels: decompression-bomb limit for query images, pixels.
         on_missing: "error" (a missing shard fails the query) or "partial" (answer with the others, flagged).
-        refresh: ask every shard for its version now (False: the versions read 0 until ``refresh`` runs; remote
-            shards are not called from the constructor, which may run on an event loop).
+        refresh: ask every shard for its version's info now (False: the image counts read 0 until ``refresh``
+            runs; remote shards are not called from the constructor, which may run on an event loop). The
+            collection's state is read from its record either way.
         query_runtime, query_threads: how a CNN encoder in this process encodes queries (``QueryEngine``'s).
 
     Raises:
@@ -209,8 +255,10 @@ class ShardedQueryEngine(QueryEngine):
         self.encoder, self.shards, self.manifest = encoder, list(shards), manifest
         self.device, self.max_pixels, self.on_missing = device, max_pixels, on_missing
         self.transform = eval_transform(encoder.config)
-        self.infos: list[dict] = [{"shard": s, "version": None, "name": None, "images": 0}
-                                  for s in range(self.num_shards)]
+        state = read_state(collection)
+        self._pinned: tuple[CollectionState, list[dict]] = (state, [
+            {"shard": s, "version": version_number(n) or None, "name": n, "images": 0}
+            for s, n in enumerate(state.names)])
         if refresh:
             self.refresh(required=True)
         self._view = ShardedView(self)
@@ -257,19 +305,42 @@ class ShardedQueryEngine(QueryEngine):
             raise ShardsUnavailableError(f"shard {shard} of {self.num_shards} did not answer; retry later",
                                          [shard]) from None
 
+    @property
+    def state(self) -> CollectionState:
+        """The collection state served now (the collection version and every shard's version)."""
+        return self._pinned[0]
+
+    @property
+    def infos(self) -> list[dict]:
+        """Each shard's {"shard", "version", "name", "images"} in the state served."""
+        return self._pinned[1]
+
+    def _call(self, state: CollectionState, shard: int, method: str, *args):
+        """Start ``method(*args)`` on shard ``shard`` at its version in ``state``."""
+        return self.shards[shard].call(method, *args, version=state.names[shard])
+
     def refresh(self, required: bool = False) -> bool:
-        """Ask every shard for its live version (a local shard reopens a newer one); True when any changed.
-        Shards that do not answer keep their last known state unless ``required``."""
-        calls = [s.call("info") for s in self.shards]
-        changed = False
+        """Read the collection's record; open its state on every shard (each shard's ``info`` at the listed
+        version) and serve it from then on, every shard at once; True when the state changed. A shard that does
+        not answer keeps its last image count unless ``required`` (then nothing changes and
+        ``ShardsUnavailableError`` is raised).
+
+        Raises:
+            IndexFormatError: the record or a shard version it lists is unreadable (nothing changes).
+            ShardsUnavailableError: ``required`` and a shard did not answer.
+        """
+        state = read_state(self.collection)
+        old_state, old_infos = self._pinned
+        calls = [self._call(state, s, "info") for s in range(self.num_shards)]
+        infos = []
         for s, call in enumerate(calls):
             try:
-                info = self._answer(s, call, required)
+                infos.append(self._answer(s, call, required))
             except UnavailableError:
-                continue
-            changed |= info["name"] != self.infos[s]["name"]
-            self.infos[s] = info
-        return changed
+                name = state.names[s]
+                infos.append({**old_infos[s], "version": version_number(name) or None, "name": name})
+        self._pinned = (state, infos)  # one assignment: a query reads the old state or the new one
+        return state != old_state
 
     @property
     def snapshot(self) -> ShardedView:
@@ -277,8 +348,8 @@ class ShardedQueryEngine(QueryEngine):
         return self._view
 
     def swap(self, snapshot):
-        """Not for sharded collections: each shard follows its own live version (``refresh``)."""
-        raise NotSupportedError("a sharded collection follows each shard's live version; use refresh()")
+        """Not for sharded collections: the engine follows the collection's record (``refresh``)."""
+        raise NotSupportedError("a sharded collection follows its collection record; use refresh()")
 
     # ----------------------------------------------------------------- search
     def search_tokens(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
@@ -297,7 +368,9 @@ class ShardedQueryEngine(QueryEngine):
         if want > MAX_K:
             raise ConfigError(f"k + offset must be <= {MAX_K}, got {want}")
         query = np.ascontiguousarray(tokens, dtype=np.float32)
-        calls = [s.call("search", query, want, depth, mode, nprobe, candidates, where) for s in self.shards]
+        state = self.state  # the whole query reads this one state
+        calls = [self._call(state, s, "search", query, want, depth, mode, nprobe, candidates, where)
+                 for s in range(self.num_shards)]
         parts, missing = [], []
         for s, call in enumerate(calls):
             try:
@@ -311,8 +384,8 @@ class ShardedQueryEngine(QueryEngine):
         records = {g: r for p in parts for g, r in (getattr(p, "records", None) or {}).items()}  # sent along
         ask = [int(g) for g in merged.ids.tolist() if int(g) not in records]
         if ask:
-            records.update(self.snapshot.table.get_many(ask))
-        out = result_json(merged, records, self.snapshot.version, k, depth or self.manifest.faiss.depth, mode)
+            records.update(self.snapshot.table.get_many(ask, state))
+        out = result_json(merged, records, state.version, k, depth or self.manifest.faiss.depth, mode)
         if missing:
             out.update(partial=True, missing_shards=missing)
         return _page(out, offset, score_threshold)
@@ -345,7 +418,7 @@ class ShardedQueryEngine(QueryEngine):
         if not 0 <= int(image_id) < 2**62:
             raise KeyError(image_id)
         s = int(shard_of(int(image_id), self.num_shards))
-        answer = self._answer(s, self.shards[s].call(method, int(image_id)), required=True)
+        answer = self._answer(s, self._call(self.state, s, method, int(image_id)), required=True)
         if answer is None:
             raise KeyError(image_id)
         return answer
@@ -366,8 +439,9 @@ class ShardedQueryEngine(QueryEngine):
         groups: dict[int, list[dict]] = {}
         for hit in hits:
             groups.setdefault(int(shard_of(int(hit["id"]), self.num_shards)), []).append(hit)
-        calls = {s: self.shards[s].call("explain", query, [{"id": int(h["id"]), "width": h.get("width"),
-                                                            "height": h.get("height")} for h in group])
+        state = self.state
+        calls = {s: self._call(state, s, "explain", query, [{"id": int(h["id"]), "width": h.get("width"),
+                                                             "height": h.get("height")} for h in group])
                  for s, group in groups.items()}
         for s, call in calls.items():
             for hit, explanation in zip(groups[s], self._answer(s, call, required=True), strict=True):

@@ -3,10 +3,24 @@
 ::
 
     <collection>/
-        shards.json          {"format": "regis-sharded/1", "num_shards": S, "next_id": G}
+        shards.json          the collection record: {"format": "regis-sharded/2", "num_shards": S, "next_id": G,
+                             "version": V, "shards": ["v000004", null, "v000007", ...]}
+        .lock                flock'ed by the collection's one writer (``regis.sharding.write``)
         shard-000/           an ordinary regis index (CURRENT, versions/, segments/, ...)
         shard-001/
         ...
+
+The record is the collection's published state: ``version`` (V, one more per write) and the version of every
+shard (``shards[s]``, None: the shard holds no image yet). Readers open each shard at the version listed there,
+not at the shard's own CURRENT, and a writer publishes a write over several shards by replacing the record (a new
+file, fsynced, renamed over it: ``write_json_atomic``), so readers see all of a write or none of it. A shard's
+CURRENT is a hint written after the record (a shard directory stays an ordinary index for tools that open it);
+shard versions newer than the record's are leftovers of a writer that died before replacing the record: nothing
+reads them and that shard's next writer removes them.
+
+Collections written before the record existed (``"format": "regis-sharded/1"``, no ``version`` / ``shards``)
+are read as their shards' CURRENT files say, with the sum of the shards' versions as the collection version;
+their first write creates the record (with a version above that sum).
 
 Image ids are global: image ``g`` lives in shard ``g % S`` under the shard-local id ``g // S`` (so a shard's
 ids stay dense, as the token store and FAISS ids ``local_id * T + position`` expect). ``next_id`` is the first
@@ -16,6 +30,7 @@ global id never handed out (a lower bound: ``ShardedWriter`` also looks at the s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +39,8 @@ from regis.errors import ConfigError, IndexFormatError
 from regis.indexes.layout import VERSIONS_DIR, read_current, write_json_atomic
 
 SHARDS_FILE = "shards.json"
-FORMAT = "regis-sharded/1"
+FORMAT = "regis-sharded/2"
+OLD_FORMAT = "regis-sharded/1"  # no record: each shard's CURRENT is its live version
 MAX_SHARDS = 4096
 
 
@@ -54,7 +70,8 @@ def is_sharded(path: Path | str) -> bool:
 
 
 def read_layout(collection: Path | str) -> dict:
-    """The collection file: {"format", "num_shards", "next_id"}.
+    """The collection file: {"format", "num_shards", "next_id"} and, from format 2 on, "version" and "shards"
+    (the record: ``read_state``).
 
     Raises:
         IndexFormatError: no sharded collection there, or a corrupt file.
@@ -66,15 +83,56 @@ def read_layout(collection: Path | str) -> dict:
         raise IndexFormatError(f"{collection} is not a sharded collection (no {SHARDS_FILE})") from exc
     except (OSError, ValueError) as exc:
         raise IndexFormatError(f"{path} is unreadable or not JSON") from exc
-    if layout.get("format") != FORMAT or not isinstance(layout.get("num_shards"), int):
+    if layout.get("format") not in (FORMAT, OLD_FORMAT) or not isinstance(layout.get("num_shards"), int):
         raise IndexFormatError(f"{path} is not a {FORMAT} collection file")
+    if layout["format"] == FORMAT and (not isinstance(layout.get("version"), int)
+                                       or not isinstance(layout.get("shards"), list)
+                                       or len(layout["shards"]) != layout["num_shards"]):
+        raise IndexFormatError(f"{path} has no valid collection record (version, shards)")
     return layout
 
 
-def write_layout(collection: Path | str, num_shards: int, next_id: int) -> None:
-    """Write the collection file atomically (new file, then rename)."""
+@dataclass(frozen=True)
+class CollectionState:
+    """A published state of a collection: ``version`` (the collection's) and ``names``, the version name of
+    each shard (None: an empty shard); ``recorded``: read from the record (False: an old collection, read from
+    the shards' CURRENT files)."""
+
+    version: int
+    names: tuple[str | None, ...]
+    recorded: bool = True
+
+
+def version_number(name: str | None) -> int:
+    """The number of a version name ("v000003" -> 3; None -> 0)."""
+    return int(name[1:]) if name else 0
+
+
+def read_state(collection: Path | str, layout: dict | None = None) -> CollectionState:
+    """The collection's published state: its record, or for a collection without one (format 1) each shard's
+    CURRENT with the sum of their versions.
+
+    Raises:
+        IndexFormatError: not a sharded collection, or a corrupt file.
+    """
+    layout = layout or read_layout(collection)
+    if layout["format"] == FORMAT:
+        return CollectionState(layout["version"], tuple(layout["shards"]))
+    names = []
+    for s in range(layout["num_shards"]):
+        path = shard_dir(collection, s)
+        names.append(read_current(path) if path.is_dir() else None)
+    return CollectionState(sum(version_number(n) for n in names), tuple(names), recorded=False)
+
+
+def write_layout(collection: Path | str, num_shards: int, next_id: int, state: CollectionState) -> None:
+    """Write the collection file with its record ``state`` atomically (new file, fsync, one rename): the step
+    that publishes a write."""
+    if len(state.names) != num_shards:
+        raise ValueError(f"{len(state.names)} shard versions for {num_shards} shards")
     write_json_atomic(Path(collection) / SHARDS_FILE, {"format": FORMAT, "num_shards": num_shards,
-                                                       "next_id": int(next_id)})
+                                                       "next_id": int(next_id), "version": int(state.version),
+                                                       "shards": list(state.names)})
 
 
 def create_collection(collection: Path | str, num_shards: int) -> dict:
@@ -96,7 +154,7 @@ def create_collection(collection: Path | str, num_shards: int) -> dict:
     if (collection / "CURRENT").exists():
         raise ConfigError(f"{collection} holds an unsharded index; build the sharded collection in a new folder")
     collection.mkdir(parents=True, exist_ok=True)
-    write_layout(collection, num_shards, 0)
+    write_layout(collection, num_shards, 0, CollectionState(0, (None,) * num_shards))
     return read_layout(collection)
 
 
@@ -106,11 +164,14 @@ def first_versioned_shard(collection: Path | str) -> Path:
     Raises:
         IndexFormatError: not a sharded collection, or no shard has a version yet.
     """
-    layout = read_layout(collection)
-    for s in range(layout["num_shards"]):
-        path = shard_dir(collection, s)
-        if path.is_dir() and read_current(path):
-            return path
+    return _first_version(collection)[0]
+
+
+def _first_version(collection: Path | str) -> tuple[Path, str]:
+    state = read_state(collection)
+    for s, name in enumerate(state.names):
+        if name is not None:
+            return shard_dir(collection, s), name
     raise IndexFormatError(f"no shard of {collection} has an index version yet; build it with "
                            "`regis index build --ray --shards S`")
 
@@ -123,5 +184,5 @@ def collection_manifest(collection: Path | str):
     """
     from regis.indexes.manifest import read_manifest
 
-    path = first_versioned_shard(collection)
-    return read_manifest(path / VERSIONS_DIR / read_current(path))
+    path, name = _first_version(collection)
+    return read_manifest(path / VERSIONS_DIR / name)

@@ -19,11 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError
-from regis.indexes.layout import read_current
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
 from regis.retrieve.searcher import Mode, Searcher, SearchResult, top_k
-from regis.sharding.layout import read_layout, shard_dir, shard_of, to_global, to_local
+from regis.sharding.layout import read_layout, read_state, shard_dir, shard_of, to_global, to_local
+
+LIVE = "<live>"  # ShardSearcher.open's default: the version the collection record lists
 
 log = logging.getLogger("regis.sharding")
 
@@ -61,19 +62,25 @@ class ShardSearcher:
     searcher: Searcher | None
 
     @classmethod
-    def open(cls, collection: Path | str, shard: int, device: str = "cpu", **searcher_kwargs) -> ShardSearcher:
-        """Open shard ``shard``'s live version.
+    def open(cls, collection: Path | str, shard: int, device: str = "cpu", name: str | None = LIVE,
+             **searcher_kwargs) -> ShardSearcher:
+        """Open shard ``shard`` at version ``name`` (default ``LIVE``: the one the collection's record lists,
+        ``regis.sharding.layout.read_state``; None: the shard is empty in the state the caller read).
 
         Raises:
-            IndexFormatError: the shard has no index although global ids were routed to it.
+            IndexFormatError: the shard has no index although global ids were routed to it, or the version is
+                missing or unreadable.
         """
         layout = read_layout(collection)
+        if name == LIVE:
+            name = read_state(collection, layout).names[shard]
         path = shard_dir(collection, shard)
-        if not path.is_dir() or read_current(path) is None:
+        if name is None:
             if layout["next_id"] > shard:
                 raise IndexFormatError(f"{path} has no index version, but images were routed to it")
             return cls(shard, layout["num_shards"], None)
-        return cls(shard, layout["num_shards"], Searcher(IndexSnapshot.open(path), device=device, **searcher_kwargs))
+        return cls(shard, layout["num_shards"],
+                   Searcher(IndexSnapshot.open(path, name), device=device, **searcher_kwargs))
 
     @property
     def version(self) -> int | None:
@@ -210,12 +217,12 @@ class ShardedSearcher:
     """
 
     def __init__(self, collection: Path | str, device: str = "cpu", **searcher_kwargs):
-        layout = read_layout(collection)
-        self.num_shards = layout["num_shards"]
+        state = read_state(collection)  # one published state for every shard
+        self.num_shards = len(state.names)
         self.shards: list[ShardSearcher] = []
         try:
             for s in range(self.num_shards):
-                self.shards.append(ShardSearcher.open(collection, s, device, **searcher_kwargs))
+                self.shards.append(ShardSearcher.open(collection, s, device, state.names[s], **searcher_kwargs))
         except BaseException:
             self.close()
             raise

@@ -1,29 +1,38 @@
 """Writing a sharded collection: one ``IndexWriter`` transaction per shard, driven with global image ids.
 
-Each shard is an ordinary index with its own atomic versions. ``ShardedWriter.commit`` first writes every changed
-shard's new version in full (``IndexWriter.prepare``: segments, FAISS index, table, manifest, fsynced; an error
-there publishes nothing), then publishes them one after the other (a rename and a CURRENT each), records the next
-global id in ``shards.json``, and only then releases the shards' write locks. A writer killed inside the
-publishing leaves every shard on a complete version: the shards already published have the new images, the
-others the old ones (their prepared versions are removed by their next writer), and the next build (which plans
-from what the shards hold) or the retried upload job adds what is missing.
+A ``ShardedWriter`` holds the collection's lock (``<collection>/.lock``), reads the collection record
+(``regis.sharding.layout``) under it and opens each shard's transaction at the version the record lists.
+``commit`` writes every changed shard's new version in full (``IndexWriter.prepare``: segments, FAISS index,
+table, manifest, fsynced; an error there publishes nothing), renames each into its shard's ``versions/``
+(``IndexWriter.publish(current=False)``: no reader opens it yet), then publishes the write in ONE step: the new
+record (collection version + 1, every shard's version, the next global id) replaces ``shards.json`` by a rename.
+Only then are the shards' CURRENT hints written, old versions collected, and the locks released. A writer killed
+or failing before the record's rename leaves the collection as it was for every reader; the versions it renamed
+are ignored (no record lists them) and removed by their shard's next writer, and the next build (which plans
+from what the shards hold) or the retried upload job writes the images again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
 from pathlib import Path
 
 import numpy as np
 
 from regis.errors import ConfigError
+from regis.faults import crash_point
+from regis.indexes.layout import read_current, version_name, write_current
 from regis.indexes.manifest import Manifest
 from regis.indexes.table import ImageRecord
-from regis.indexes.writer import IndexWriter
+from regis.indexes.writer import IndexWriter, _acquire_lock
 from regis.models.encoder import EncoderConfig, WeightsInfo
 from regis.sharding.layout import (
+    CollectionState,
     create_collection,
     read_layout,
+    read_state,
     shard_dir,
     shard_of,
     to_global,
@@ -42,10 +51,15 @@ class ShardedWriter:
         **writer_kwargs: passed to each shard's ``IndexWriter`` (faiss_spec, nprobe, images_root, token_store,
             depth, candidates, lock_timeout_s, keep_versions).
 
+    Attributes:
+        state: the collection's published state this transaction started from (``CollectionState``).
+        version: the collection's version: ``state.version`` until ``commit``, then the one it published.
+
     Raises:
         ConfigError: bad shard count (see ``create_collection``).
         IndexFormatError: an unreadable ``shards.json``.
-        IndexMismatchError / IndexLockedError: as ``IndexWriter``, for any shard.
+        IndexMismatchError / IndexLockedError: as ``IndexWriter``, for any shard (IndexLockedError also for the
+            collection's own lock).
     """
 
     def __init__(self, collection: Path | str, num_shards: int, encoder: EncoderConfig, weights: WeightsInfo,
@@ -54,13 +68,19 @@ class ShardedWriter:
         create_collection(self.collection, num_shards)
         self.num_shards = num_shards
         self.writers: list[IndexWriter] = []
+        self._lock_fd: int | None = _acquire_lock(self.collection, writer_kwargs.get("lock_timeout_s", 0.0))
         try:
+            layout = read_layout(self.collection)  # under the collection's lock: the last writer's record
+            self.state = read_state(self.collection, layout)
             for s in range(num_shards):
-                self.writers.append(IndexWriter(shard_dir(self.collection, s), encoder, weights, **writer_kwargs))
-            layout = read_layout(self.collection)  # under every shard's lock: the last writer's next id
+                self.writers.append(IndexWriter(shard_dir(self.collection, s), encoder, weights,
+                                                base=self.state.names[s], **writer_kwargs))
+            if self.state.recorded:
+                self._point_currents(self.state.names)  # a writer killed after the record, before the hints
         except BaseException:
             self.abort()
             raise
+        self.version = self.state.version
         highest = [int(to_global(np.array([w.next_id - 1]), s, num_shards)[0]) + 1 if w.next_id else 0
                    for s, w in enumerate(self.writers)]
         self.next_id = max(int(layout["next_id"]), *highest)
@@ -139,9 +159,10 @@ class ShardedWriter:
             self.writers[s].delete(local.tolist())
 
     def commit(self, report: dict | None = None, next_id: int | None = None) -> list[Manifest | None]:
-        """Write every changed shard's new version, then publish them (one after the other) and the collection's
-        next id, then release the locks (module docstring). An error before the first shard is published
-        leaves the collection as it was.
+        """Write every changed shard's new version, rename each into its shard, publish them all with the new
+        collection record (one rename; ``version`` + 1), then write the shards' CURRENT hints, collect old
+        versions and release the locks (module docstring). An error before the record is replaced leaves the
+        collection as it was.
 
         Args:
             report: JSON-ready build report saved in each new shard version.
@@ -154,34 +175,57 @@ class ShardedWriter:
 
         Raises:
             RuntimeError: already committed or aborted.
-            Exception: whatever a shard's writing or publishing fails with (the transaction is aborted; shards
-                published before the error keep their new version).
+            Exception: whatever a shard's writing or renaming, or the record's writing, fails with (the
+                transaction is aborted, nothing published).
         """
         if self._done:
             raise RuntimeError("this ShardedWriter is already committed or aborted")
         self._done = True
+        renamed: list[IndexWriter] = []
         try:
             manifests = [w.prepare(report) for w in self.writers]
             for w, manifest in zip(self.writers, manifests, strict=True):
                 if manifest is not None:
-                    w.publish()
-            write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id)
+                    w.publish(current=False)  # in versions/, listed by no record yet
+                    renamed.append(w)
+                    crash_point("sharded.shard-renamed")
+            names = tuple(version_name(m.version) if m is not None else name
+                          for m, name in zip(manifests, self.state.names, strict=True))
+            state = CollectionState(self.state.version + 1 if renamed else self.state.version, names)
+            write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id, state)
         except BaseException:
+            for w in renamed:
+                w.withdraw()
             self.abort()
             raise
+        self.version = state.version
+        crash_point("sharded.record-written")
         try:
-            for w, manifest in zip(self.writers, manifests, strict=True):
-                if manifest is not None:
-                    w.finish()  # garbage collection, then the lock
+            self._point_currents(names)
+            for w in self.writers:
+                w.finish()  # garbage collection (also of versions a killed writer left), then the lock
         finally:
-            self.abort()  # every lock released, also those of unchanged shards and after a failed clean-up
+            self.abort()  # every lock released, also after a failed clean-up
         return manifests
 
+    def _point_currents(self, names) -> None:
+        """Make each shard's CURRENT name its version in the record (a hint for tools that open one shard)."""
+        for s, name in enumerate(names):
+            path = shard_dir(self.collection, s)
+            if name is not None and read_current(path) != name:
+                write_current(path, name)
+
     def abort(self) -> None:
-        """Drop every shard's unpublished changes and release every shard's lock."""
+        """Drop every shard's unpublished changes and release every lock."""
         self._done = True
-        for w in self.writers:
-            w.abort()
+        try:
+            for w in self.writers:
+                w.abort()
+        finally:
+            if self._lock_fd is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
 
 def split_index(index_dir: Path | str, collection: Path | str, num_shards: int, chunk: int = 4096,
@@ -255,8 +299,8 @@ class _CollectionTable:
 
 @dataclasses.dataclass(frozen=True)
 class CollectionVersion:
-    """What ``CollectionWriter.commit`` published: ``version``, the collection's new version (the sum of its
-    shards' versions, what ``regis.sharding.engine.ShardedView.version`` serves)."""
+    """What ``CollectionWriter.commit`` published: ``version``, the collection's new version (its record's, what
+    ``regis.sharding.engine.ShardedView.version`` serves)."""
 
     version: int
 
@@ -291,8 +335,7 @@ class CollectionWriter(ShardedWriter):
     def commit(self, report: dict | None = None, next_id: int | None = None) -> CollectionVersion | None:
         """Publish every changed shard (``ShardedWriter.commit``); the collection's new version, or None when no
         shard changed."""
-        bases = [w.base.version if w.base else 0 for w in self.writers]
         manifests = super().commit(report, next_id)
         if all(m is None for m in manifests):
             return None
-        return CollectionVersion(sum(m.version if m else b for m, b in zip(manifests, bases, strict=True)))
+        return CollectionVersion(self.version)

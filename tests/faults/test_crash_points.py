@@ -8,6 +8,7 @@ import io
 import signal
 
 import httpx
+import numpy as np
 import pytest
 from deploy.support import free_port, kill, regis_process, wait_until
 from PIL import Image
@@ -143,18 +144,21 @@ with ShardedWriter(collection, 2, config, encoder.weights_info) as w:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point", ["writer.version-renamed"])  # the later of the two windows
-def test_a_sharded_write_killed_inside_the_commit_window_publishes_no_shard(tmp_path, point):
-    """A write of 4 images over both shards of a collection, killed inside the first shard's commit window:
-    every shard still serves its old version (each shard's version is written before any is published); the
-    rerun publishes the 4 exactly once and removes the dead writer's prepared versions."""
+@pytest.mark.parametrize("point", ["writer.segment-written", "sharded.shard-renamed", "sharded.record-written"])
+def test_a_sharded_write_killed_inside_the_commit_window_is_seen_whole_or_not_at_all(tmp_path, point):
+    """A write of 4 images over both shards of a collection, killed inside its commit: before the collection
+    record is replaced (while writing shard versions, or between the two shards' renames into place: the second
+    point) a reader opened after the crash sees the OLD state entirely, though shard 0 holds a renamed new
+    version (it used to be live: half the write published); after the record (the third point) it sees the whole
+    write. The rerun stores the 4 exactly once, removes the dead writer's versions and points every shard's
+    CURRENT at the record's version."""
     import os
     import subprocess
     import sys
 
     from regis.indexes.layout import SEGMENTS_DIR, TMP_PREFIX, VERSIONS_DIR, read_current
-    from regis.indexes.snapshot import IndexSnapshot
-    from regis.sharding.layout import shard_dir
+    from regis.sharding.layout import read_state, shard_dir
+    from regis.sharding.search import ShardedSearcher
 
     script, collection = tmp_path / "write.py", tmp_path / "c"
     script.write_text(SHARDED_WRITE)
@@ -164,23 +168,35 @@ def test_a_sharded_write_killed_inside_the_commit_window_publishes_no_shard(tmp_
         return subprocess.run([sys.executable, str(script), str(collection), str(first), "4"], env=env,
                               timeout=180).returncode
 
-    def currents() -> list:
-        return [read_current(shard_dir(collection, s)) for s in range(2)]
+    def rows() -> list[tuple[int, str]]:  # what a reader opening the collection now sees
+        reader = ShardedSearcher(collection)
+        try:
+            return sorted((int(r.id), r.path) for r in reader.records(np.arange(16)).values())
+        finally:
+            reader.close()
+
+    def versions(s: int) -> list[str]:
+        return sorted(p.name for p in (shard_dir(collection, s) / VERSIONS_DIR).iterdir()
+                      if not p.name.startswith(TMP_PREFIX))
 
     assert run({}, 0) == 0
-    before = currents()
+    before, state = rows(), read_state(collection)
     assert run({"REGIS_CRASH_AT": point}, 4) == -signal.SIGKILL
-    assert currents() == before  # no shard published: the collection serves what it served
+    if point == "sharded.record-written":
+        assert read_state(collection).version == state.version + 1
+        assert sorted(p for _, p in rows()) == [f"p{i}.png" for i in range(8)]  # the whole write
+    else:
+        assert read_state(collection) == state and rows() == before  # the old state, every shard
+        if point == "sharded.shard-renamed":
+            assert versions(0) == ["v000001", "v000002"] and versions(1) == ["v000001"]  # read by nobody
     assert run({}, 4) == 0
-    rows = []
-    for s in range(2):
-        snap = IndexSnapshot.open(shard_dir(collection, s))
-        try:
-            rows += [(r.id * 2 + s, r.path) for r in snap.table.iter_all()]
-        finally:
-            snap.close()
-    assert sorted(path for _, path in rows) == sorted(f"p{i}.png" for i in range(8))  # nothing lost or twice
-    assert len({g for g, _ in rows}) == 8
+    after = rows()
+    assert sorted(path for _, path in after) == sorted(f"p{i}.png" for i in range(8))  # nothing lost or twice
+    assert len({g for g, _ in after}) == 8
+    final = read_state(collection)
+    assert final.version == state.version + 1  # one write published, whether the first try or the rerun
+    assert [read_current(shard_dir(collection, s)) for s in range(2)] == list(final.names)
+    assert [versions(s)[-1] for s in range(2)] == list(final.names)  # no version newer than the record's
     leftovers = [p.name for s in range(2) for d in (VERSIONS_DIR, SEGMENTS_DIR)
                  for p in (shard_dir(collection, s) / d).iterdir() if p.name.startswith(TMP_PREFIX)]
     assert leftovers == []
