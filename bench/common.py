@@ -27,6 +27,26 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _cpu_id() -> str | None:
+    """Family / model / stepping and the widest SIMD of the CPU (Linux ``/proc/cpuinfo``): VMs that print the
+    same model name ("AMD EPYC") can be different generations (e.g. 2x apart on the query encoder)."""
+    try:
+        fields = {}
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model", "stepping", "flags") and key not in fields:
+                fields[key] = value.strip()
+    except OSError:
+        return None
+    if "model" not in fields:
+        return None
+    flags = set(fields.get("flags", "").split())
+    simd = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "none")
+    family, stepping = fields.get("cpu family", "?"), fields.get("stepping", "?")
+    return f"family {family} model {fields['model']} stepping {stepping}, {simd}"
+
+
 def _ram_gib() -> float:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -41,6 +61,7 @@ def machine_info() -> dict:
     """CPU model, cores, RAM, load average, GPU (if any) and library versions, for every printed figure."""
     info = {
         "cpu": _cpu_model(),
+        "cpu_id": _cpu_id(),
         "cores": os.cpu_count(),
         "ram_gib": round(_ram_gib(), 1),
         "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,

@@ -74,7 +74,7 @@ async def _client(host: str, port: int, requests: list[bytes], out: list) -> Non
             t0 = time.perf_counter()
             writer.write(req)
             status, body = await _read_response(reader)
-            out.append((time.perf_counter() - t0, status, body))
+            out.append((t0, time.perf_counter() - t0, status, body))
     finally:
         writer.close()
 
@@ -85,7 +85,8 @@ def run_load(url: str, payloads: list[bytes], clients: int, total: int) -> dict:
 
     Returns:
         {"latencies_s": [per successful request, s], "errors": [status codes or exception names],
-        "timings": [the server's ``timings_ms`` of each successful response], "wall_s": s,
+        "timings": [the server's ``timings_ms`` of each successful response], "sent_s": [when each successful
+        request was written, ``time.perf_counter()`` s], "wall_s": s,
         "client_cpu_s": this process's CPU time during the run, s (user + system)}.
     """
     parts = urlsplit(url)
@@ -101,12 +102,14 @@ def run_load(url: str, payloads: list[bytes], clients: int, total: int) -> dict:
     cpu0, t0 = time.process_time(), time.perf_counter()
     failures = asyncio.run(main())
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    latencies, errors, timings = [], [type(f).__name__ for f in failures if isinstance(f, BaseException)], []
+    latencies, errors, timings, sent = [], [type(f).__name__ for f in failures if isinstance(f, BaseException)], [], []
     for out in outs:
-        for dt, status, body in out:
+        for sent_at, dt, status, body in out:
             if status != 200:
                 errors.append(status)
                 continue
             latencies.append(dt)
+            sent.append(sent_at)
             timings.append(json.loads(body).get("timings_ms", {}))
-    return {"latencies_s": latencies, "errors": errors, "timings": timings, "wall_s": wall, "client_cpu_s": cpu}
+    return {"latencies_s": latencies, "errors": errors, "timings": timings, "sent_s": sent, "wall_s": wall,
+            "client_cpu_s": cpu}

@@ -125,7 +125,8 @@ def run_level(url: str, payloads: list[bytes], clients: int, total: int, server_
     r = run_load(url + "?k=10", payloads, clients, total)
     cpu1 = sum(process_cpu_s(p) for p in server_pids or [])
     lat, server = r["latencies_s"], r["timings"]
-    means = {f"server_{k}_ms": float(np.mean([s[k] for s in server])) for k in server[0]} if server else {}
+    means = {f"server_{k}_ms": float(np.mean([s[k] for s in server])) for k in server[0]
+             if not k.startswith("at_")} if server else {}  # at_*: traced absolute times (bench.tail)
     extra = {"server_cpu_ms_per_req": (cpu1 - cpu0) * 1e3 / len(lat)} if server_pids and lat else {}
     return {"clients": clients, "requests": len(lat), "errors": len(r["errors"]),
             "throughput_qps": len(lat) / r["wall_s"],

@@ -58,6 +58,30 @@ def _search_batch(items: list[tuple[QueryEngine, np.ndarray, tuple]]) -> list[di
     return out
 
 
+def _traced(trace: list, fn, *args):
+    """``fn(*args)`` in a worker thread, appending its start and end (``time.perf_counter()`` s) to ``trace``."""
+    start = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        trace.extend((start, time.perf_counter()))
+
+
+def _trace_fields(trace: list, t0: float, t1: float, t2: float, t3: float) -> dict[str, float]:
+    """The ``at_*`` timings of a traced search (absolute ``time.perf_counter()``, ms): entry, decode thread
+    start / end, decoded, encoded, done, and per batcher (encode, search; absent when the search skipped the
+    batchers) its batch's start / end in the worker thread; ``at_*_batch``: that batch's size, ``at_*_cpu``: its
+    CPU time in the worker thread (ms)."""
+    fields = {"at_entry": t0, "at_decode_start": trace[0], "at_decode_end": trace[1], "at_decoded": t1,
+              "at_encoded": t2, "at_done": t3}
+    out = {}
+    for name, at in (("encode", 2), ("search", 6)):
+        if len(trace) >= at + 4:
+            fields[f"at_{name}_start"], fields[f"at_{name}_end"] = trace[at], trace[at + 1]
+            out[f"at_{name}_batch"], out[f"at_{name}_cpu"] = float(trace[at + 2]), trace[at + 3] * 1e3
+    return {**{key: value * 1e3 for key, value in fields.items()}, **out}
+
+
 # Largest batch ``BatchedSearch.warm_up`` encodes at start-up (a GPU's batch of 256 is not worth warming per size).
 WARM_UP_MAX_BATCH = 16
 
@@ -79,6 +103,9 @@ class BatchedSearch:
                                     workers=encode_workers, thread_init=lambda: torch.set_num_threads(threads))
         self.searcher = MicroBatcher(_search_batch, max_batch_size, max_wait_ms, name="regis-search")
         self.in_flight = 0  # searches between entry and result
+        # bench-only tracing (bench.tail): REGIS_TRACE_STAGES=1 adds each stage's absolute time.perf_counter()
+        # (ms, keys "at_*", CLOCK_MONOTONIC: comparable with a client's on the same machine) to timings_ms
+        self.trace = os.environ.get("REGIS_TRACE_STAGES", "") not in ("", "0")
         self.alone = 0  # searches that found no other in flight and skipped the batchers (tests, metrics)
 
     def warm_up(self, engine: QueryEngine) -> list[int]:
@@ -105,9 +132,13 @@ class BatchedSearch:
             ConfigError: bad parameters.
         """
         t0 = time.perf_counter()
+        trace = [] if self.trace else None
         self.in_flight += 1
         try:
-            pixels, decode_ms = await run_in_threadpool(engine.decode_bytes, data)
+            if trace is None:
+                pixels, decode_ms = await run_in_threadpool(engine.decode_bytes, data)
+            else:
+                pixels, decode_ms = await run_in_threadpool(_traced, trace, engine.decode_bytes, data)
             t1 = time.perf_counter()
             if self.in_flight == 1:
                 self.alone += 1
@@ -116,14 +147,16 @@ class BatchedSearch:
                 result = await run_in_threadpool(engine.search_tokens, tokens, k=k, depth=depth, mode=mode,
                                                  nprobe=nprobe)
             else:
-                tokens = await self.encoder.submit((engine, pixels))
+                tokens = await self.encoder.submit((engine, pixels), trace)
                 t2 = time.perf_counter()
-                result = await self.searcher.submit((engine, tokens, (k, depth, mode, nprobe)))
+                result = await self.searcher.submit((engine, tokens, (k, depth, mode, nprobe)), trace)
         finally:
             self.in_flight -= 1
         t3 = time.perf_counter()
         result["timings_ms"] = {"decode": decode_ms, "encode": (t2 - t1) * 1e3, **result["timings_ms"],
                                 "total": (t3 - t0) * 1e3}
+        if trace is not None:
+            result["timings_ms"].update(_trace_fields(trace, t0, t1, t2, t3))
         return result
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -74,18 +75,22 @@ class MicroBatcher(Generic[T, R]):
             self._task = loop.create_task(self._worker())
         return self._queue
 
-    async def submit(self, item: T) -> R:
+    async def submit(self, item: T, times: list | None = None) -> R:
         """Queue ``item`` and wait for its result.
+
+        Args:
+            times: given, its batch's start and end in the worker thread (``time.perf_counter()`` s), size and
+                CPU time in that thread (s) are appended to it (tracing, ``service.batched``).
 
         Raises:
             Exception: whatever the batch function returned or raised for this item.
         """
         queue = self._ensure_worker()
         future = asyncio.get_running_loop().create_future()
-        await queue.put((item, future))
+        await queue.put((item, future, times))
         return await future
 
-    async def _collect(self, queue: asyncio.Queue) -> list[tuple[T, asyncio.Future]]:
+    async def _collect(self, queue: asyncio.Queue) -> list[tuple[T, asyncio.Future, list | None]]:
         batch = [await queue.get()]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.max_wait_s
@@ -102,7 +107,7 @@ class MicroBatcher(Generic[T, R]):
                 batch.append(await asyncio.wait_for(queue.get(), remaining))
             except asyncio.TimeoutError:
                 break
-        return [(item, fut) for item, fut in batch if not fut.done()]  # a cancelled caller is dropped
+        return [entry for entry in batch if not entry[1].done()]  # a cancelled caller is dropped
 
     def _run(self, items: list[T]) -> list[R | BaseException]:
         """The batch function, with per-item retries when it raises for a batch of several items."""
@@ -116,6 +121,12 @@ class MicroBatcher(Generic[T, R]):
                 return [exc]
             log.warning("batch of %d failed (%s); retrying its items one by one", len(items), type(exc).__name__)
             return [self._run([item])[0] for item in items]
+
+    def _run_timed(self, items: list[T]) -> tuple[tuple[float, float, int, float], list[R | BaseException]]:
+        """``_run`` and (start, end, size, this thread's CPU seconds) of the batch."""
+        start, cpu = time.perf_counter(), time.thread_time()
+        results = self._run(items)
+        return (start, time.perf_counter(), len(items), time.thread_time() - cpu), results
 
     async def _worker(self) -> None:
         queue = self._queue
@@ -136,19 +147,21 @@ class MicroBatcher(Generic[T, R]):
             for task in running:
                 task.cancel()
 
-    async def _dispatch(self, batch: list[tuple[T, asyncio.Future]]) -> None:
+    async def _dispatch(self, batch: list[tuple[T, asyncio.Future, list | None]]) -> None:
         """Run one batch in a worker thread and hand each caller its result."""
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, self._run, [item for item, _ in batch])
+            stats, results = await loop.run_in_executor(self._executor, self._run_timed, [item for item, _, _ in batch])
         except BaseException as exc:  # the loop is closing, or the executor is gone
-            for _, fut in batch:
+            for _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("batcher stopped"))
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for (_, fut), result in zip(batch, results, strict=True):
+        for (_, fut, times), result in zip(batch, results, strict=True):
+            if times is not None:
+                times.extend(stats)
             if fut.done():
                 continue
             if isinstance(result, BaseException):

@@ -38,6 +38,8 @@ class Metrics:
     def observe_search(self, timings_ms: dict) -> None:
         """Record the per-stage times (ms) of one computed search."""
         for stage, ms in timings_ms.items():
+            if stage.startswith("at_"):  # absolute times of a traced search (REGIS_TRACE_STAGES), not a stage
+                continue
             self.search_stage.labels(stage=stage).observe(float(ms) / 1e3)
 
 

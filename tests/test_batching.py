@@ -193,3 +193,82 @@ def test_batched_service_results_equal_unbatched_ones(lite0_index, photos_dir, o
         want = engine.search_bytes(photos[0].read_bytes(), k=3, mode="exact")
         assert [h["id"] for h in exact["results"]] == [h["id"] for h in want["results"]]
         assert app.state.batched.alone == 1 and app.state.batched.encoder.batch_sizes == [5]
+
+
+def test_a_caller_can_have_its_batchs_times_and_cpu_recorded():
+    def slow(items):
+        sum(range(200_000))  # some CPU in the worker thread
+        return _double(items)
+
+    batcher = MicroBatcher(slow, max_batch_size=4, max_wait_ms=50)
+    traced, untraced = [], []
+
+    async def main():
+        t0 = time.perf_counter()
+        got = await asyncio.gather(batcher.submit(1, traced), batcher.submit(2), batcher.submit(3, untraced))
+        return t0, got, time.perf_counter()
+
+    t0, got, t1 = asyncio.run(main())
+    assert got == [2, 4, 6] and batcher.batch_sizes == [3]
+    start, end, size, cpu = traced
+    assert t0 <= start <= end <= t1 and size == 3 and 0 < cpu <= end - start + 0.01
+    assert untraced == traced  # the same batch
+    batcher.close()
+
+
+class _StubEngine:
+    """decode / encode / batched search of ``BatchedSearch`` without a model: decoding waits for the other
+    request so both go through the batchers."""
+
+    def __init__(self):
+        self.query_encoder = object()
+        self.both_in = threading.Barrier(2, timeout=10)
+
+    def decode_bytes(self, data):
+        self.both_in.wait()
+        import torch
+
+        return torch.full((3, 4, 4), float(data[0])), 1.0
+
+    def encode_pixels(self, pixels):
+        return pixels.reshape(len(pixels), 3, 16).numpy()
+
+    def search_tokens_batch(self, tokens, **params):
+        return [{"results": [float(t[0, 0])], "timings_ms": {"candidates": 1.0, "rerank": 1.0}} for t in tokens]
+
+
+def test_traced_searches_carry_their_stage_times_in_order(monkeypatch):
+    """REGIS_TRACE_STAGES=1 (bench.tail): each batched search's timings hold its stages' absolute times, in
+    order, and its batches' sizes and CPU; the metrics do not observe them; without it they are absent."""
+    from service.batched import BatchedSearch
+    from service.metrics import Metrics
+
+    monkeypatch.setenv("REGIS_TRACE_STAGES", "1")
+    batched = BatchedSearch(max_batch_size=2, max_wait_ms=1000)
+    t0 = time.perf_counter() * 1e3
+    results = asyncio.run(_two_searches(batched, _StubEngine()))
+    t1 = time.perf_counter() * 1e3
+    assert [r["results"] for r in results] == [[1.0], [2.0]] and batched.alone == 0
+    order = ["at_entry", "at_decode_start", "at_decode_end", "at_decoded", "at_encode_start", "at_encode_end",
+             "at_encoded", "at_search_start", "at_search_end", "at_done"]
+    metrics = Metrics()
+    for r in results:
+        t = r["timings_ms"]
+        assert t0 <= t["at_entry"] and t["at_done"] <= t1
+        assert [t[k] for k in order] == sorted(t[k] for k in order), t
+        assert t["at_encode_batch"] == t["at_search_batch"] == 2.0 and t["at_encode_cpu"] >= 0
+        metrics.observe_search(t)
+    stages = {s.labels["stage"] for m in metrics.registry.collect() for s in m.samples if "stage" in s.labels}
+    assert stages == {"decode", "encode", "candidates", "rerank", "total"}
+    batched.close()
+
+    monkeypatch.delenv("REGIS_TRACE_STAGES")
+    plain = BatchedSearch(max_batch_size=2, max_wait_ms=1000)
+    results = asyncio.run(_two_searches(plain, _StubEngine()))
+    assert [r["results"] for r in results] == [[1.0], [2.0]]
+    assert not any(k.startswith("at_") for r in results for k in r["timings_ms"])
+    plain.close()
+
+
+async def _two_searches(batched, engine):
+    return await asyncio.gather(batched.search_bytes(engine, b"\x01"), batched.search_bytes(engine, b"\x02"))
