@@ -85,7 +85,11 @@ def build_synthetic_index(n_db: int, seed: int = 0):
 
     enc = build_encoder("efficientnet-lite0")
     roi = enc.config.roi_image_size  # the default encoder's second (ROI) pass: part of the work per query
-    path = DATA_DIR / "idx" / (f"serve-synth-lite0-{n_db}" + (f"-roi{roi}" if roi else ""))
+    # the query layout too: with "tokens+roi-cues" (the CNN default since issue 13's fourth round) a query has
+    # 15 tokens against 10, i.e. more search work; an index cached before the field existed means "tokens"
+    layout = getattr(enc.config, "query_layout", "tokens")
+    path = DATA_DIR / "idx" / (f"serve-synth-lite0-{n_db}" + (f"-roi{roi}" if roi else "")
+                               + ("" if layout == "tokens" else f"-{layout.replace('+', '-')}"))
     if (path / "CURRENT").exists():
         return path
     t_per, dim = enc.config.tokens_per_image, enc.config.dim
