@@ -69,7 +69,7 @@ def build(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the build report as JSON.")] = False,
     ray: Annotated[
-        bool, typer.Option("--ray", help="Build a sharded collection with Ray Data (pip install 'regis[ray]'; "
+        bool, typer.Option("--ray", help="Build a sharded collection with Ray Data (pip install 'regis\\[ray]'; "
                                          "settings from REGIS_RAY_* variables, see cluster/settings.py).")
     ] = False,
     shards: Annotated[int | None, typer.Option("--shards", help="--ray: number of shards S (default: the "

@@ -45,7 +45,7 @@ def serve(
     random_init: RandomInit = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
     ray: Annotated[
-        bool, typer.Option("--ray", help="Serve a sharded collection on Ray Serve (pip install 'regis[ray]'; "
+        bool, typer.Option("--ray", help="Serve a sharded collection on Ray Serve (pip install 'regis\\[ray]'; "
                                          "other settings from REGIS_RAY_* variables, see cluster/settings.py).")
     ] = False,
 ) -> None:

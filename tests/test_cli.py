@@ -8,8 +8,8 @@ import sys
 import pytest
 
 
-def regis(*args, check=True):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+def regis(*args, check=True, env_extra=None):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env_extra or {})}
     out = subprocess.run([sys.executable, "-m", "regis", *map(str, args)], capture_output=True, text=True, env=env,
                          timeout=300)
     if check and out.returncode != 0:
@@ -80,3 +80,10 @@ def test_roi_image_size_option_is_recorded_and_refused_for_vits(photos_dir, tmp_
     out = regis("index", "build", two, "--index", tmp_path / "vit", "--backbone", "vit-tiny-reg4-test",
                 "--random-init", "--roi-image-size", "160", check=False)
     assert out.returncode == 2 and "roi_image_size" in out.stderr and "CNN" in out.stderr
+
+
+def test_help_texts_keep_their_brackets():
+    """Help is rendered as rich markup: an unescaped ``[ray]`` vanished from ``pip install 'regis[ray]'``."""
+    for cmd in (("serve",), ("index", "build")):
+        out = regis(*cmd, "--help", env_extra={"COLUMNS": "200"})
+        assert "pip install 'regis[ray]'" in out.stdout, cmd
