@@ -16,9 +16,12 @@ BOX = ("[x0, y0, x1, y1] in the image's own pixels (origin top left, ends exclus
 class QueryToken(BaseModel):
     """One token of the query image."""
 
-    index: int = Field(description="token position in the layout [CLS, reg1..regR, ROI-CLS, ROI-reg1..ROI-regR]")
-    name: str = Field(description="cls, reg1..regR, roi-cls, roi-reg1..roi-regR (CNN backbones: cls is the "
-                                  "global average pool and the registers are part tokens)")
+    index: int = Field(description="token position in the layout [CLS, reg1..regR, ROI-CLS, ROI-reg1..ROI-regR], "
+                                   "then, for a query to a new CNN index (query_layout tokens+roi-cues), the 5 cue "
+                                   "tokens of its 160 px ROI pass")
+    name: str = Field(description="cls, reg1..regR, roi-cls, roi-reg1..roi-regR, then pass2-cls, "
+                                  "pass2-reg1..pass2-regR where the query has them (CNN backbones: cls is "
+                                  "the global pool and the registers are part tokens)")
     kind: str = Field(description="cls, register or roi")
     box: list[float] | None = Field(description=BOX)
 
@@ -37,7 +40,7 @@ class TokenMatch(BaseModel):
     """One query token's term of the MaxSim score: S = sum over query tokens of the best cosine."""
 
     query_token: int = Field(description="query token position (see query.tokens)")
-    query_name: str = Field(description="its name (cls, reg1.., roi-cls, roi-reg1..)")
+    query_name: str = Field(description="its name (cls, reg1.., roi-cls, roi-reg1.., pass2-cls, pass2-reg1..)")
     result_token: int = Field(description="the result token it matched best: argmax of the cosine (first on ties)")
     result_name: str = Field(description="that token's name")
     similarity: float = Field(description="cosine of the two unit-norm tokens, in [-1, 1]")

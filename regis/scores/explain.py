@@ -72,8 +72,8 @@ def token_names(num_registers: int, tokens_per_image: int) -> list[tuple[str, st
     the CNN's smaller ROI pass.
 
     kind is "cls", "register" or "roi"; names are "cls", "reg1".., "roi-cls", "roi-reg1"..., then "pass2-cls",
-    "pass2-reg1"... (kinds "cls" and "register"). For CNN backbones "cls" is the global average pool and the
-    registers are part tokens (``regis.models.cues``).
+    "pass2-reg1"... (kinds "cls" and "register"). For CNN backbones "cls" is the global pool (GeM, or mean for
+    encoders made before it) and the registers are part tokens (``regis.models.cues``).
     """
     r = num_registers
     cues = ["cls", *[f"reg{i}" for i in range(1, r + 1)]]
