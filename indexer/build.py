@@ -21,6 +21,7 @@ from indexer.dataset import ImageFileDataset, collate_items
 from indexer.metadata import FACTS_KEY, read_sidecar
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from regis.errors import ConfigError
+from regis.faults import pause_point
 from regis.images.decode import DEFAULT_MAX_PIXELS
 from regis.images.exif import path_facts
 from regis.indexes.table import ImageRecord
@@ -196,6 +197,7 @@ def _embed(
             if options.on_progress is not None:
                 options.on_progress({"done": done, "total": len(jobs), "skipped": len(report.skipped),
                                      "images_per_s": done / elapsed if elapsed > 0 else 0.0})
+            pause_point("build.batch-reported")
     finally:
         if bar is not None:
             bar.close()

@@ -12,14 +12,27 @@ Points (where the window is):
     ``upload.staged``            API: an upload's files are staged, its job not yet queued.
     ``job.placed``               job: uploaded files moved to their content-addressed place, index not yet
                                  written.
+
+Named pause points hold a process inside a window instead of killing it: ``REGIS_PAUSE_AT=<point>`` with
+``REGIS_PAUSE_RELEASE=PATH`` makes the process, at that point, create ``PATH.reached`` and wait until ``PATH``
+exists (later passes through the point then go on at once), so a test can act on the rest of the system (kill
+Redis, say) while the process is in the window, however fast the machine is.
+
+Pause points:
+    ``build.batch-reported``     folder build: a batch is embedded and its progress reported, the next batch not
+                                 yet embedded (the job is under way, nothing committed).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 CRASH_ENV = "REGIS_CRASH_AT"
+PAUSE_ENV = "REGIS_PAUSE_AT"
+RELEASE_ENV = "REGIS_PAUSE_RELEASE"  # a file path: the pause ends when it exists; PATH.reached marks the arrival
 ONCE_ENV = "REGIS_CRASH_ONCE"  # a file path: crash only if it does not exist yet (it is created first)
 
 
@@ -35,3 +48,26 @@ def crash_point(name: str) -> None:
         except FileExistsError:
             return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pause_point(name: str, poll_s: float = 0.02) -> None:
+    """Wait at point ``name`` if ``REGIS_PAUSE_AT`` names it: create ``$REGIS_PAUSE_RELEASE.reached``, then sleep
+    until the file ``$REGIS_PAUSE_RELEASE`` exists (``poll_s`` seconds between looks). Once released, passing the
+    point again costs one file check. Unset, one dictionary lookup.
+
+    Raises:
+        ConfigError: ``REGIS_PAUSE_AT`` is set but ``REGIS_PAUSE_RELEASE`` is not.
+    """
+    if os.environ.get(PAUSE_ENV) != name:
+        return
+    release = os.environ.get(RELEASE_ENV)
+    if not release:
+        from regis.errors import ConfigError
+
+        raise ConfigError(f"{PAUSE_ENV}={name} needs {RELEASE_ENV}: the file whose creation ends the pause")
+    release_path = Path(release)
+    if release_path.exists():
+        return
+    Path(f"{release}.reached").touch()
+    while not release_path.exists():
+        time.sleep(poll_s)

@@ -200,3 +200,28 @@ def test_a_sharded_write_killed_inside_the_commit_window_is_seen_whole_or_not_at
     leftovers = [p.name for s in range(2) for d in (VERSIONS_DIR, SEGMENTS_DIR)
                  for p in (shard_dir(collection, s) / d).iterdir() if p.name.startswith(TMP_PREFIX)]
     assert leftovers == []
+
+
+def test_a_pause_point_holds_until_released_and_needs_a_release_file(tmp_path, monkeypatch):
+    """``pause_point``: a point not named passes; a named one without ``REGIS_PAUSE_RELEASE`` is a ConfigError; a
+    named one marks its arrival (PATH.reached) and waits until PATH exists, then later passes go on at once."""
+    import threading
+
+    from regis.errors import ConfigError
+    from regis.faults import PAUSE_ENV, RELEASE_ENV, pause_point
+
+    pause_point("build.batch-reported")  # not named: passes
+    monkeypatch.setenv(PAUSE_ENV, "build.batch-reported")
+    with pytest.raises(ConfigError, match=RELEASE_ENV):
+        pause_point("build.batch-reported")
+    release = tmp_path / "release"
+    monkeypatch.setenv(RELEASE_ENV, str(release))
+    waiter = threading.Thread(target=pause_point, args=("build.batch-reported",))
+    waiter.start()
+    wait_until(lambda: (tmp_path / "release.reached").exists(), 10, 0.01, "the pause point")
+    waiter.join(0.3)
+    assert waiter.is_alive()  # held
+    release.touch()
+    waiter.join(5)
+    assert not waiter.is_alive()
+    pause_point("build.batch-reported")  # released: passes at once

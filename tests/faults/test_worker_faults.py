@@ -14,6 +14,7 @@ from deploy.support import REDIS_SERVER, free_port, kill, regis_process, stop, w
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from regis.faults import PAUSE_ENV, RELEASE_ENV
 from regis.jobs.model import JobSpec
 from regis.jobs.names import RedisNames
 from regis.jobs.rq_queue import RedisJobQueue, redis_connection
@@ -88,16 +89,25 @@ def _done(queue, job_id, timeout_s: float = 180):
 
 
 def test_redis_dying_mid_job_does_not_end_the_worker(setup, tmp_path):
+    """Redis dies while the job is held at the pause point ``build.batch-reported`` (embedding under way,
+    nothing committed), stays down 3 s, comes back, then the job goes on: it completes once, with all 63 images
+    added by its one run. (Before the pause point the test killed Redis once progress reached 6 images and
+    hoped the job was still running; on a faster machine the whole job finished inside the 3 s, was run again
+    after its acknowledgement was lost, and reported added 0.)"""
     redis, env, procs = setup
+    release = tmp_path / "release"
+    env = {**env, PAUSE_ENV: "build.batch-reported", RELEASE_ENV: str(release)}
     worker = regis_process(WORKER_ARGS, env, tmp_path / "worker.log")
     procs.append(worker)
     queue = RedisJobQueue(redis.url, RedisNames("faults"), retries=2)
     job_id = queue.submit(JobSpec(kind="index", folder="many")).id
-    _under_way(queue, job_id)
+    wait_until(lambda: (tmp_path / "release.reached").exists(), 120, 0.05, "the job to reach its pause point")
+    assert queue.get(job_id).state == "running"
     redis.kill()
     time.sleep(3)
     assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]  # it waits for Redis
     redis.start()
+    release.touch()
     info = _done(RedisJobQueue(redis.url, RedisNames("faults")), job_id)
     assert info.state == "done" and info.result["added"] == 63, info
     assert worker.poll() is None
