@@ -76,14 +76,20 @@ def build_serving_index(n_db: int):
     return path
 
 
-def build_synthetic_index(n_db: int, seed: int = 0):
+ENCODER_VARIANTS = {"default": {}, "one-pass": {"roi_image_size": 0, "query_layout": "tokens"}}
+
+
+def build_synthetic_index(n_db: int, seed: int = 0, variant: str = "default"):
     """An index of ``n_db`` images of clustered random unit tokens, (10, 1280) each, under the Lite0 encoder
-    record (cached): the same shapes and search work as the corpus index, without the corpus."""
+    record (cached): the same shapes and search work as the corpus index, without the corpus.
+
+    ``variant``: ``ENCODER_VARIANTS`` key: "default" (today's encoder defaults: two passes, 15 query tokens) or
+    "one-pass" (no 160 px ROI pass, 10 query tokens: the work per query of the pre-issue-11 server's index)."""
     from regis.indexes.table import ImageRecord
     from regis.indexes.writer import IndexWriter
     from regis.models.encoder import build_encoder
 
-    enc = build_encoder("efficientnet-lite0")
+    enc = build_encoder("efficientnet-lite0", **ENCODER_VARIANTS[variant])
     roi = enc.config.roi_image_size  # the default encoder's second (ROI) pass: part of the work per query
     # the query layout too: with "tokens+roi-cues" (the CNN default since issue 13's fourth round) a query has
     # 15 tokens against 10, i.e. more search work; an index cached before the field existed means "tokens"
@@ -250,6 +256,8 @@ def mode_env(mode: str, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n-db", type=int, default=20_000)
+    p.add_argument("--encoder-variant", choices=sorted(ENCODER_VARIANTS), default="default",
+                   help="the index's encoder: today's defaults, or one-pass (10 query tokens, no ROI pass)")
     p.add_argument("--tokens", choices=["auto", "corpus", "synthetic"], default="auto",
                    help="serving index tokens: the Lite0 corpus, or synthetic (auto: corpus when present)")
     p.add_argument("--clients", default="1,8,32")
@@ -269,10 +277,13 @@ def main() -> None:
     from bench.indexing import JPEG_DIR, make_photos
 
     print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads,
-                   "modes": args.modes, "batch_max_size": args.batch_max_size,
-                   "batch_max_wait_ms": args.batch_max_wait_ms})
+                   "modes": args.modes, "encoder_variant": args.encoder_variant,
+                   "batch_max_size": args.batch_max_size, "batch_max_wait_ms": args.batch_max_wait_ms})
     synthetic = args.tokens == "synthetic" or (args.tokens == "auto" and not (CORPUS_DIR / "info.json").exists())
-    index = build_synthetic_index(args.n_db) if synthetic else build_serving_index(args.n_db)
+    if not synthetic and args.encoder_variant != "default":
+        p.error("--encoder-variant other than default needs --tokens synthetic")
+    index = (build_synthetic_index(args.n_db, variant=args.encoder_variant) if synthetic
+             else build_serving_index(args.n_db))
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     rows = []
