@@ -2,9 +2,10 @@
 
 1. ``--pre``: a worktree of the old commit (``git worktree add --detach /work/wt/pre f914a96``). In a
    subprocess with only that tree on ``PYTHONPATH``, the old ``IndexWriter`` and ``build_encoder
-   ("efficientnet-lite0")`` write ``--n-db`` images of clustered random unit tokens, drawn as
-   ``bench.service.build_synthetic_index`` draws them (seed 0, n/10 centres, noise 0.05), under the old
-   encoder record (cached under ``$REGIS_BENCH_DATA/idx/serve-synth-lite0-N-pre-<commit>``).
+   ("efficientnet-lite0")`` write ``--n-db`` images of the tokens ``bench.service`` indexes (``--tokens``:
+   ``synthetic_tokens``, or ``corpus_tokens``, the real ones of ``bench.corpus``; handed over as a temporary
+   .npy file), under the old encoder record (cached under ``$REGIS_BENCH_DATA/idx/serve-synth-lite0-N-pre-
+   <commit>``, or ``serve-lite0-N-pre-<commit>`` for the corpus).
 2. The old ``python -m regis serve`` (cwd and ``PYTHONPATH`` = the old tree; ``--torch-threads``: its
    ``REGIS_TORCH_THREADS``, default: unset, torch's default as in BENCHMARKS section 5).
 3. Today's clients (``bench.service.run_level`` -> ``bench.loadgen``): the same 640 px JPEG requests, k = 10,
@@ -12,7 +13,7 @@
 
 Usage::
 
-    python -m bench.pre_issue --pre /work/wt/pre --clients 1,8,32 --repeats 1,1,3
+    python -m bench.pre_issue --pre /work/wt/pre --clients 1,8,32 --repeats 1,1,3 [--tokens corpus]
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from bench.common import DATA_DIR, print_machine
 from bench.service import free_port, run_level
@@ -35,26 +39,37 @@ import numpy as np
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
 from regis.models.encoder import build_encoder
-path, n_db, seed = Path(sys.argv[1]), int(sys.argv[2]), 0
+path, tokens_file, folder = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+tokens = np.load(tokens_file, mmap_mode="r")
 enc = build_encoder("efficientnet-lite0")
-t_per, dim = enc.config.tokens_per_image, enc.config.dim
-rng = np.random.default_rng(seed)
-centres = rng.standard_normal((max(16, n_db // 10), dim)).astype(np.float32)
-centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+n_db, t_per, dim = tokens.shape
+if (t_per, dim) != (enc.config.tokens_per_image, enc.config.dim):
+    raise SystemExit(f"tokens {tokens.shape} do not fit the old encoder")
 t0 = time.perf_counter()
 with IndexWriter(path, enc.config, enc.weights_info) as w:
     ids = w.allocate_ids(n_db)
     for start in range(0, n_db, 2_000):
         part = ids[start : start + 2_000]
-        tokens = centres[rng.integers(0, len(centres), (len(part), t_per))]
-        tokens = tokens + 0.05 * rng.standard_normal(tokens.shape).astype(np.float32)
-        tokens /= np.linalg.norm(tokens, axis=2, keepdims=True)
-        recs = [ImageRecord(int(i), f"synth/{i}.png", "0" * 64, 28, 28, 1, 0.0) for i in part]
-        w.put(recs, tokens)
+        recs = [ImageRecord(int(i), f"{folder}/{i}.png", "0" * 64, 28, 28, 1, 0.0) for i in part]
+        w.put(recs, np.asarray(tokens[start : start + len(part)], dtype=np.float32))
     m = w.commit()
 print("built:", json.dumps({"index": str(path), "images": n_db, "tokens_per_image": t_per, "dim": dim,
                             "spec": m.faiss.spec, "build_s": time.perf_counter() - t0}), flush=True)
 """
+
+
+def write_tokens(out: Path, n_db: int, tokens: str) -> None:
+    """Writes the (n_db, 10, 1280) float32 tokens ``bench.service.build_index`` indexes to ``out`` (.npy), for the
+    old tree's writer (which cannot import today's ``bench``)."""
+    from bench.service import corpus_tokens, synthetic_tokens
+
+    chunks = corpus_tokens(n_db) if tokens == "corpus" else synthetic_tokens(n_db, 10, 1280)
+    arr = np.lib.format.open_memmap(out, mode="w+", dtype=np.float32, shape=(n_db, 10, 1280))
+    for start, part in chunks:
+        arr[start : start + len(part)] = part
+    arr.flush()
+    del arr
+
 
 
 def main() -> None:
@@ -66,6 +81,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=128)
     p.add_argument("--min-requests-per-client", type=int, default=2)
     p.add_argument("--torch-threads", type=int, default=None)
+    p.add_argument("--tokens", choices=["synthetic", "corpus"], default="synthetic",
+                   help="the index's tokens, as bench.service --tokens (corpus: bench.corpus's real tokens)")
     args = p.parse_args()
 
     from bench.indexing import JPEG_DIR, make_photos
@@ -73,13 +90,19 @@ def main() -> None:
     pre = args.pre.resolve()
     commit = subprocess.run(["git", "-C", str(pre), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    print_machine({"bench": "pre_issue", "pre_commit": commit, "n_db": args.n_db,
+    print_machine({"bench": "pre_issue", "pre_commit": commit, "n_db": args.n_db, "tokens": args.tokens,
                    "service_torch_threads": args.torch_threads})
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGIS_") or k == "REGIS_BENCH_DATA"}
     env["PYTHONPATH"] = str(pre)
-    index = DATA_DIR / "idx" / f"serve-synth-lite0-{args.n_db}-pre-{commit}"
+    name = "serve-synth-lite0" if args.tokens == "synthetic" else "serve-lite0"
+    index = DATA_DIR / "idx" / f"{name}-{args.n_db}-pre-{commit}"
     if not (index / "CURRENT").exists():
-        subprocess.run([sys.executable, "-c", BUILD, str(index), str(args.n_db)], cwd=pre, env=env, check=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            tokens_file = Path(tmp) / "tokens.npy"
+            write_tokens(tokens_file, args.n_db, args.tokens)
+            folder = "synth" if args.tokens == "synthetic" else "fmnist"
+            subprocess.run([sys.executable, "-c", BUILD, str(index), str(tokens_file), folder], cwd=pre, env=env,
+                           check=True)
     manifest = sorted(index.glob("**/manifest.json"))[-1]
     print("manifest encoder:", json.dumps(json.loads(manifest.read_text()).get("encoder", {}))[:600], flush=True)
     make_photos(64)

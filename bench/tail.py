@@ -113,10 +113,10 @@ def main() -> None:
 
     from bench.indexing import JPEG_DIR, make_photos
     from bench.loadgen import run_load
-    from bench.service import build_synthetic_index, process_cpu_s, start_server
+    from bench.service import build_index, process_cpu_s, start_server
 
     print_machine({"bench": "tail", "n_db": args.n_db, "clients": args.clients, "env": args.env})
-    index = build_synthetic_index(args.n_db)
+    index = build_index(args.n_db)
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     env = {**os.environ, "REGIS_TRACE_STAGES": "1", **dict(e.split("=", 1) for e in args.env)}
