@@ -41,6 +41,11 @@ def version_name(version: int) -> str:
     return f"v{version:06d}"
 
 
+def version_number(name: str | None) -> int:
+    """The number of a version name, the inverse of ``version_name`` ("v000003" -> 3; None, no version -> 0)."""
+    return int(name[1:]) if name else 0
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a directory so that renames inside it survive a crash (no-op where unsupported)."""
     try:

@@ -38,11 +38,12 @@ import numpy as np
 
 from regis.errors import ConfigError, NotSupportedError, ShardsUnavailableError, UnavailableError
 from regis.images.decode import DEFAULT_MAX_PIXELS
+from regis.indexes.layout import version_number
 from regis.indexes.table import ImageRecord
 from regis.models.transforms import eval_transform
 from regis.retrieve.query import QueryEngine, _page, result_json
 from regis.retrieve.searcher import MAX_K, Mode
-from regis.sharding.layout import CollectionState, read_layout, read_state, shard_of, version_number
+from regis.sharding.layout import CollectionState, read_layout, read_state, shard_of
 from regis.sharding.search import ShardSearcher, merge_top_k
 
 READ_ONLY = ("regis on Ray Serve is read-only: add, change or delete images by building the collection again with "

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError
-from regis.indexes.layout import VERSIONS_DIR, read_current, write_json_atomic
+from regis.indexes.layout import VERSIONS_DIR, read_current, version_number, write_json_atomic
 
 SHARDS_FILE = "shards.json"
 FORMAT = "regis-sharded/2"
@@ -101,11 +101,6 @@ class CollectionState:
     version: int
     names: tuple[str | None, ...]
     recorded: bool = True
-
-
-def version_number(name: str | None) -> int:
-    """The number of a version name ("v000003" -> 3; None -> 0)."""
-    return int(name[1:]) if name else 0
 
 
 def read_state(collection: Path | str, layout: dict | None = None) -> CollectionState:
