@@ -140,18 +140,25 @@ def _rec(i, path=None):
     return ImageRecord(int(i), path or f"p{i}.png", "0" * 64, 8, 8, 1, 0.0)
 
 
+def _two_images_in_two_shards(tmp_path, encoder, seed: int):
+    """A 2-shard collection at ``tmp_path / "c"`` whose first write stored images 0 and 1 (one per shard), with
+    the encoder's config and weights record and (4, 10, 32) float32 tokens for the next write's four images."""
+    rng = np.random.default_rng(seed)
+    tokens = _clustered(rng, 6, rng.standard_normal((5, 32)), 0.1)
+    collection, config, weights = tmp_path / "c", encoder.config, encoder.weights_info
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(2)], tokens[:2])
+        w.commit()
+    return collection, config, weights, tokens[2:]
+
+
 def test_an_error_writing_one_shard_publishes_no_shard(tmp_path, tiny_encoder, monkeypatch):
     """A write over both shards whose second shard fails to write its version (a full disk, say): neither
     shard publishes (each used to commit in turn, so the first kept half the write), the locks are released
     and the next writer removes the leftovers and writes the same images."""
     from regis.indexes.layout import SEGMENTS_DIR, TMP_PREFIX, VERSIONS_DIR, read_current
 
-    rng = np.random.default_rng(2)
-    tokens = _clustered(rng, 6, rng.standard_normal((5, 32)), 0.1)
-    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
-    with ShardedWriter(collection, 2, config, weights) as w:
-        w.put([_rec(i) for i in w.allocate_ids(2)], tokens[:2])
-        w.commit()
+    collection, config, weights, tokens = _two_images_in_two_shards(tmp_path, tiny_encoder, seed=2)
     before = [read_current(shard_dir(collection, s)) for s in range(2)]
     real = IndexWriter._write_version
 
@@ -162,7 +169,7 @@ def test_an_error_writing_one_shard_publishes_no_shard(tmp_path, tiny_encoder, m
 
     monkeypatch.setattr(IndexWriter, "_write_version", failing)
     with ShardedWriter(collection, 2, config, weights) as w:
-        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens)
         with pytest.raises(OSError, match="no space left"):
             w.commit()
     assert [read_current(shard_dir(collection, s)) for s in range(2)] == before
@@ -170,7 +177,7 @@ def test_an_error_writing_one_shard_publishes_no_shard(tmp_path, tiny_encoder, m
     monkeypatch.undo()
     with ShardedWriter(collection, 2, config, weights, lock_timeout_s=0) as w:  # no lock left held
         assert sorted(r.id for r in w.records_by_path().values()) == [0, 1]
-        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens)
         manifests = w.commit()
     assert [m.num_images for m in manifests] == [3, 3]
     leftovers = [p for s in range(2) for d in (VERSIONS_DIR, SEGMENTS_DIR)
@@ -229,12 +236,7 @@ def test_an_error_publishing_the_second_shard_leaves_every_reader_on_the_old_sta
     published) and is removed; the next writer writes the same images once."""
     from regis.indexes.layout import VERSIONS_DIR
 
-    rng = np.random.default_rng(4)
-    tokens = _clustered(rng, 6, rng.standard_normal((5, 32)), 0.1)
-    collection, config, weights = tmp_path / "c", tiny_encoder.config, tiny_encoder.weights_info
-    with ShardedWriter(collection, 2, config, weights) as w:
-        w.put([_rec(i) for i in w.allocate_ids(2)], tokens[:2])
-        w.commit()
+    collection, config, weights, tokens = _two_images_in_two_shards(tmp_path, tiny_encoder, seed=4)
     before = _rows(collection)
     versions = [sorted(p.name for p in (shard_dir(collection, s) / VERSIONS_DIR).iterdir()) for s in range(2)]
     real = IndexWriter._publish
@@ -246,7 +248,7 @@ def test_an_error_publishing_the_second_shard_leaves_every_reader_on_the_old_sta
 
     monkeypatch.setattr(IndexWriter, "_publish", failing)
     with ShardedWriter(collection, 2, config, weights) as w:
-        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens)
         with pytest.raises(OSError, match="input/output"):
             w.commit()
     assert _rows(collection) == before == [(0, "p0.png"), (1, "p1.png")]
@@ -255,7 +257,7 @@ def test_an_error_publishing_the_second_shard_leaves_every_reader_on_the_old_sta
     assert read_layout(collection)["version"] == 1
     monkeypatch.undo()
     with ShardedWriter(collection, 2, config, weights) as w:
-        w.put([_rec(i) for i in w.allocate_ids(4)], tokens[2:])
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens)
         w.commit()
     assert _rows(collection) == [(i, f"p{i}.png") for i in range(6)]
 
