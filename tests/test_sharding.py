@@ -262,6 +262,38 @@ def test_an_error_publishing_the_second_shard_leaves_every_reader_on_the_old_sta
     assert _rows(collection) == [(i, f"p{i}.png") for i in range(6)]
 
 
+def test_an_error_withdrawing_a_renamed_shard_keeps_the_commit_error_and_releases_every_lock(tmp_path, tiny_encoder,
+                                                                                           monkeypatch):
+    """A commit that fails on its second shard, and whose clean-up then fails too on the first (its renamed
+    version cannot be removed): the caller gets the commit's own error, no reader sees the write, and no lock
+    stays held (the clean-up error used to replace the commit's and skip the release of the other locks)."""
+    collection, config, weights, tokens = _two_images_in_two_shards(tmp_path, tiny_encoder, seed=5)
+    before = _rows(collection)
+    real_publish = IndexWriter._publish
+
+    def failing_publish(self, *args, **kwargs):
+        if self.dir.name == "shard-001":
+            raise OSError("input/output error")
+        return real_publish(self, *args, **kwargs)
+
+    def failing_withdraw(self):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(IndexWriter, "_publish", failing_publish)
+    monkeypatch.setattr(IndexWriter, "withdraw", failing_withdraw)
+    with ShardedWriter(collection, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens)
+        with pytest.raises(OSError, match="input/output"):
+            w.commit()
+    assert _rows(collection) == before
+    assert read_layout(collection)["version"] == 1
+    monkeypatch.undo()
+    with ShardedWriter(collection, 2, config, weights, lock_timeout_s=0) as w:  # every lock was released
+        w.put([_rec(i) for i in w.allocate_ids(4)], tokens)
+        w.commit()
+    assert _rows(collection) == [(i, f"p{i}.png") for i in range(6)]
+
+
 def test_the_collection_version_rises_by_one_per_write_and_readers_move_at_once(tmp_path, tiny_encoder):
     """Writes changing one, two and two shards of three: the collection's version is 1, 2, 3, 4 (it used to be
     the sum of the shards' versions, rising by the number of shards changed); an engine serves the state it

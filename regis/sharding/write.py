@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import logging
 import os
 from pathlib import Path
 
@@ -39,6 +40,8 @@ from regis.sharding.layout import (
     to_local,
     write_layout,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ShardedWriter:
@@ -194,9 +197,7 @@ class ShardedWriter:
             state = CollectionState(self.state.version + 1 if renamed else self.state.version, names)
             write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id, state)
         except BaseException:
-            for w in renamed:
-                w.withdraw()
-            self.abort()
+            self._withdraw(renamed)
             raise
         self.version = state.version
         crash_point("sharded.record-written")
@@ -214,6 +215,20 @@ class ShardedWriter:
             path = shard_dir(self.collection, s)
             if name is not None and read_current(path) != name:
                 write_current(path, name)
+
+    def _withdraw(self, renamed: list[IndexWriter]) -> None:
+        """After a failed commit, before the record was replaced: remove the shards' renamed versions (no reader
+        sees them) and release every lock. Best effort per shard: an error removing one (logged) must neither
+        hide the commit's own error nor keep the other shards' locks held; a version left behind is collected
+        by that shard's next write."""
+        try:
+            for w in renamed:
+                try:
+                    w.withdraw()
+                except Exception:
+                    log.exception("could not withdraw the renamed version of %s; its next write collects it", w.dir)
+        finally:
+            self.abort()
 
     def abort(self) -> None:
         """Drop every shard's unpublished changes and release every lock."""
