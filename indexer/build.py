@@ -18,6 +18,7 @@ from pathlib import Path
 from torch.utils.data import DataLoader
 
 from indexer.dataset import ImageFileDataset, collate_items
+from indexer.job_record import job_record
 from indexer.metadata import FACTS_KEY, read_sidecar
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from regis.errors import ConfigError
@@ -60,6 +61,8 @@ class BuildOptions:
             folder, and the index's root widens to the common parent folder when another folder is added.
         candidates: candidate method stored in the manifest, "bounded" or "depth"; None keeps the index's
             ("bounded" for a new one).
+        job_id: the queued job this build runs for; recorded with the version it publishes
+            (``indexer.job_record``), so that a re-run of the job can report this run's result.
     """
 
     batch_size: int = 32
@@ -77,6 +80,7 @@ class BuildOptions:
     replace: bool = False
     candidates: str | None = None
     metadata: dict[str, dict] | None = None
+    job_id: str | None = None
 
 
 @dataclass
@@ -419,7 +423,7 @@ def build_index(
         t0 = time.perf_counter()
         report.images_per_s = (report.added + report.updated) / report.embed_s if report.embed_s > 0 else 0.0
         report.total_s = time.perf_counter() - t_total
-        manifest = writer.commit(report.to_json())
+        manifest = writer.commit({**report.to_json(), **job_record(options.job_id)})
         report.write_s = time.perf_counter() - t0
         report.version = manifest.version if manifest else None
     report.total_s = time.perf_counter() - t_total

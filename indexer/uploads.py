@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from indexer.build import BuildOptions, BuildReport, _embed
+from indexer.job_record import job_record
 from indexer.metadata import FACTS_KEY
 from indexer.scan import FileEntry
 from regis.errors import IndexFormatError
@@ -154,12 +155,12 @@ def add_images(
                 item["reason"] = reasons.get(entry.path, "cannot decode the image")
             else:
                 item.update(id=image_id, status="added")
+        for item in duplicates:  # the same content twice in a batch: both report the one image
+            first = entries[item["path"]]
+            item.update({k: v for k, v in first.items() if k in ("id", "status", "reason")})
         w.update_records(touched)
-        manifest = w.commit()
+        manifest = w.commit({**report.to_json(), **job_record(options.job_id)} if options.job_id else None)
         report.version = manifest.version if manifest else None
-    for item in duplicates:  # the same content twice in a batch: both report the one image
-        first = entries[item["path"]]
-        item.update({k: v for k, v in first.items() if k in ("id", "status", "reason")})
     report.total_s = time.perf_counter() - t0
     return report
 
@@ -209,11 +210,13 @@ def delete_images(
     ids: list[int],
     uploads_dir: Path | str | None = None,
     lock_timeout_s: float = 0.0,
+    job_id: str | None = None,
 ) -> DeleteReport:
     """Remove images by id as one new version; ids stay unused forever. Needs no encoder.
 
     Files of deleted uploads are removed from ``uploads_dir`` after the commit. Files of images indexed from a
-    folder are left alone: a later scan of that folder adds them again if they are still there.
+    folder are left alone: a later scan of that folder adds them again if they are still there. ``job_id``: the
+    queued job this runs for, recorded with the new version (``indexer.job_record``).
 
     Raises:
         IndexFormatError: there is no index.
@@ -228,7 +231,7 @@ def delete_images(
             report.missing = [i for i in wanted if not w.is_live(i)]
             records = w.table.get_many(report.deleted)
             w.delete(report.deleted)
-            committed = w.commit()
+            committed = w.commit({**report.to_json(), **job_record(job_id)} if job_id else None)
             report.version = committed.version if committed else None
         for rec in records.values():  # still under the uploads lock: no upload of the same bytes in between
             if uploads_dir is not None and is_upload_path(rec.path):

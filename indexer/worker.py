@@ -151,7 +151,7 @@ def perform_job(spec: dict) -> dict:
     ctx = JobContext(
         index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
         encoder=lambda: _encoder(settings), batch_size=settings.build_batch_size,
-        num_workers=settings.build_workers, lock_timeout_s=settings.lock_timeout_s,
+        num_workers=settings.build_workers, lock_timeout_s=settings.lock_timeout_s, job_id=job.id,
     )
     try:
         result = execute_job(parsed, ctx, reporter.progress)

@@ -177,3 +177,41 @@ def test_a_job_killed_after_placing_its_uploads_is_retried_and_adds_each_image_o
     finally:
         snap.close()
     assert not (uploads / STAGING_DIR / batch).exists() or not any((uploads / STAGING_DIR / batch).iterdir())
+
+
+def test_a_job_killed_after_it_published_is_retried_and_reports_its_first_run(setup, tmp_path):
+    """The work horse SIGKILLs itself after its add job's version went live, before the job is reported done
+    (``REGIS_CRASH_AT=job.published``, once): the retry does not add again and reports the first run's result,
+    marked replayed (it used to report both images as "exists"); nothing stays staged."""
+    import io
+
+    from PIL import Image
+
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.indexes.uploads import STAGING_DIR, new_staging_batch, stage_upload
+    from regis.jobs.model import UploadItem
+
+    redis, env, procs = setup
+    env = {**env, "REGIS_CRASH_AT": "job.published", "REGIS_CRASH_ONCE": str(tmp_path / "crashed-once")}
+    worker = regis_process(WORKER_ARGS, env, tmp_path / "worker.log")
+    procs.append(worker)
+    uploads = tmp_path / "root" / ".uploads"
+    batch = new_staging_batch()
+    items = []
+    for n, color in enumerate(("teal", "olive")):
+        buf = io.BytesIO()
+        Image.new("RGB", (60, 80), color).save(buf, format="PNG")
+        staged, path, sha = stage_upload(uploads, batch, n, buf.getvalue(), "PNG")
+        items.append(UploadItem(path=path, staged=staged, sha256=sha, filename=f"{color}.png"))
+    queue = RedisJobQueue(redis.url, RedisNames("faults"), retries=2)
+    info = _done(queue, queue.submit(JobSpec(kind="add", uploads=items), batch).id)
+    assert (tmp_path / "crashed-once").exists()  # the window was hit
+    assert info.state == "done", info
+    assert info.result["replayed"] is True and info.result["version"] == 1, info.result
+    assert [im["status"] for im in info.result["images"]] == ["added", "added"] and info.result["added"] == 2
+    snap = IndexSnapshot.open(tmp_path / "index")
+    try:
+        assert sorted(r.path for r in snap.table.iter_all()) == sorted(it.path for it in items)
+    finally:
+        snap.close()
+    assert not (uploads / STAGING_DIR / batch).exists() or not any((uploads / STAGING_DIR / batch).iterdir())
