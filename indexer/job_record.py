@@ -1,9 +1,9 @@
 """Which job published the live version. A job's write saves the job id in the report of the version it
 publishes (``build_report.json``, key ``job``, written before the version goes live), beside that write's own
-report (``BuildReport``, ``AddReport``, ``DeleteReport``), so that a run of the same job after its
-acknowledgement was lost (RQ runs a job again when the worker could not report it done, e.g. Redis went away
-right after the publish) reports what the first run did, from that saved report, marked ``"replayed": true``,
-instead of "added 0": the work is in the index, done by this very job.
+report (``BuildReport``, ``AddReport``, ``DeleteReport``, or a metadata change's result). A run of the same job
+after its acknowledgement was lost (RQ runs a job again when the worker could not report it done, e.g. Redis
+went away right after the publish) then reports what the first run did, from that saved report, marked
+``"replayed": true``, instead of "added 0": the work is in the index, done by this very job.
 
 Only the live version is looked at: when another job has published since, a re-run does the job again (every
 write is idempotent: images already indexed are found unchanged, deleted ids are missing) and reports that.

@@ -74,7 +74,7 @@ def _replay(spec: JobSpec, ctx: JobContext) -> dict | None:
     """The result of an earlier run of this very job (``ctx.job_id``) whose version is live, from the report it
     saved with that version, marked ``"replayed": true``; None when there is none (``indexer.job_record``). An
     add job's staged files are discarded (the earlier run may have stopped before it did)."""
-    if spec.kind not in ("index", "add", "delete"):
+    if spec.kind not in ("index", "add", "delete", "metadata"):
         return None
     found = published_report(ctx.index_dir, ctx.job_id)
     if found is None:
@@ -90,9 +90,11 @@ def _replay(spec: JobSpec, ctx: JobContext) -> dict | None:
         _discard_staging(ctx.uploads_dir, spec)
         result = _add_result(AddReport(version=version, images=saved.get("images", []),
                                        total_s=saved.get("total_s", 0.0)))
-    else:
+    elif spec.kind == "delete":
         result = DeleteReport(version=version, deleted=saved.get("deleted", []),
                               missing=saved.get("missing", [])).to_json()
+    else:
+        result = {"version": version, **saved.get("result", {})}
     return {**result, "replayed": True}
 
 
@@ -162,6 +164,8 @@ def execute_job(spec: JobSpec, ctx: JobContext, report: ProgressFn) -> dict:
         from indexer.metadata import update_metadata
 
         report({"phase": "writing"})
-        return update_metadata(ctx.index_dir, spec.ids[0], spec.metadata or {}, spec.replace_metadata,
-                               lock_timeout_s=ctx.lock_timeout_s)
+        result = update_metadata(ctx.index_dir, spec.ids[0], spec.metadata or {}, spec.replace_metadata,
+                                 lock_timeout_s=ctx.lock_timeout_s, job_id=ctx.job_id)
+        crash_point("job.published")
+        return result
     raise ConfigError(f"unknown job kind {spec.kind!r}")

@@ -102,7 +102,7 @@ def merge_patch(stored: dict, patch: dict) -> dict:
 
 
 def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: bool = False,
-                    lock_timeout_s: float = 0.0) -> dict:
+                    lock_timeout_s: float = 0.0, job_id: str | None = None) -> dict:
     """Change one image's user metadata as one new index version (tokens untouched). Needs no encoder.
 
     Args:
@@ -110,6 +110,8 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
         image_id: the image.
         patch: a JSON merge patch (``merge_patch``), or with ``replace`` the new user metadata.
         replace: replace the user metadata instead of patching it (file facts kept either way).
+        job_id: the queued job this runs for, recorded with the new version with this call's result
+            (``indexer.job_record``).
 
     Returns:
         {"version": the new version (None: nothing changed or no such image), "id", "found", "metadata"}.
@@ -118,6 +120,7 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
         IndexFormatError: there is no index.
         IndexLockedError: another writer holds the index past ``lock_timeout_s``.
     """
+    from indexer.job_record import job_record
     from indexer.uploads import open_live_writer  # uploads imports this module
     from regis.indexes.table import ImageRecord
 
@@ -134,5 +137,6 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
         if meta != rec.metadata:
             w.update_records([ImageRecord(rec.id, rec.path, rec.sha256, rec.width, rec.height, rec.bytes,
                                           rec.mtime, meta)])
-        committed = w.commit()
-    return {"version": committed.version if committed else None, "id": image_id, "found": True, "metadata": meta}
+        result = {"id": image_id, "found": True, "metadata": meta}
+        committed = w.commit({"result": result, **job_record(job_id)} if job_id else None)
+    return {"version": committed.version if committed else None, **result}

@@ -12,7 +12,7 @@ Points (where the window is):
     ``upload.staged``            API: an upload's files are staged, its job not yet queued.
     ``job.placed``               job: uploaded files moved to their content-addressed place, index not yet
                                  written.
-    ``job.published``            job (index, add, delete): its new version is live, the job not yet reported
+    ``job.published``            job (index, add, delete, metadata): its new version is live, the job not yet reported
                                  done (a re-run then replays the result: ``indexer.job_record``).
 
 Named pause points hold a process inside a window instead of killing it: ``REGIS_PAUSE_AT=<point>`` with

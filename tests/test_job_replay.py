@@ -61,3 +61,14 @@ def test_after_another_jobs_publish_or_without_a_job_id_the_job_runs_again(ctx, 
     plain = execute_job(JobSpec(kind="index", folder="photos"), ctx, lambda p: None)
     assert "replayed" not in plain and plain["version"] is None
     assert first["version"] == 1
+
+
+def test_a_metadata_job_run_again_reports_the_metadata_it_set(ctx):
+    """Run again for real, the patch would find nothing to change and publish nothing (version None);
+    replayed, it reports the version and metadata of its first run."""
+    execute_job(JobSpec(kind="index", folder="photos"), ctx, lambda p: None)
+    ctx.job_id = "job-3"
+    first = execute_job(JobSpec(kind="metadata", ids=[2], metadata={"colour": "red"}), ctx, lambda p: None)
+    assert first["version"] == 2 and first["metadata"]["colour"] == "red"
+    again = execute_job(JobSpec(kind="metadata", ids=[2], metadata={"colour": "red"}), ctx, lambda p: None)
+    assert again == {**first, "replayed": True}  # a real second run: version None
