@@ -83,7 +83,8 @@ def synthetic_tokens(n_db: int, t_per: int, dim: int, seed: int = 0):
 
 def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
     """The serving index of ``n_db`` images, (10, 1280) tokens each, under the Lite0 encoder record (cached under
-    ``$REGIS_BENCH_DATA/idx``; the name records the token source, the ROI pass and the query layout).
+    ``$REGIS_BENCH_DATA/idx``; the name records the token source, the ROI pass, the query layout and a FAISS
+    codec other than SQ8).
 
     Args:
         tokens: "corpus" (the first ``n_db`` database images of ``bench.corpus``: real Fashion-MNIST tokens) or
@@ -91,6 +92,7 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
         variant: ``ENCODER_VARIANTS`` key: "default" (today's encoder defaults: two passes, 15 query tokens) or
             "one-pass" (no 160 px ROI pass, 10 query tokens: the pre-issue-11 server's work per query).
     """
+    from regis.indexes import faiss_index
     from regis.indexes.table import ImageRecord
     from regis.indexes.writer import IndexWriter
     from regis.models.encoder import build_encoder
@@ -100,9 +102,13 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
     # the query layout too: with "tokens+roi-cues" (the CNN default since issue 13's fourth round) a query has
     # 15 tokens against 10, i.e. more search work; an index cached before the field existed means "tokens"
     layout = getattr(enc.config, "query_layout", "tokens")
+    # and the FAISS codec regis picks for the tokens' width: an index cached before wide tokens got fast-scan PQ
+    # (faiss_index.default_codec) would otherwise keep serving SQ8
+    codec = faiss_index.default_codec(enc.config.dim)
     name = "serve-synth-lite0" if tokens == "synthetic" else "serve-lite0"
     path = DATA_DIR / "idx" / (f"{name}-{n_db}" + (f"-roi{roi}" if roi else "")
-                               + ("" if layout == "tokens" else f"-{layout.replace('+', '-')}"))
+                               + ("" if layout == "tokens" else f"-{layout.replace('+', '-')}")
+                               + ("" if codec == faiss_index.SQ8_CODEC else f"-{codec}"))
     if (path / "CURRENT").exists():
         return path
     chunks = (corpus_tokens(n_db) if tokens == "corpus"

@@ -101,10 +101,11 @@ def main() -> None:
     p.add_argument("--sigma", type=float, default=0.25)
     p.add_argument("--query-sigma", type=float, default=0.03)
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--dim", type=int, default=384, help="token width (1280: EfficientNet-Lite0's)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    print_machine({"bench": "shared", "n": args.n, "per_centre": args.per_centre})
-    info = write_corpus(args.out, args.n, args.per_centre, args.sigma, args.query_sigma, args.queries)
+    print_machine({"bench": "shared", "n": args.n, "per_centre": args.per_centre, "dim": args.dim})
+    info = write_corpus(args.out, args.n, args.per_centre, args.sigma, args.query_sigma, args.queries, dim=args.dim)
     print(json.dumps({k: v for k, v in info.items() if k != "query_sources"}))
 
 

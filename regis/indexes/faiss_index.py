@@ -24,14 +24,50 @@ def _faiss():
     return faiss
 
 
-def auto_spec(num_images: int, tokens_per_image: int) -> str:
-    """The FAISS factory spec regis picks for a collection of ``num_images`` images.
+WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors with 4-bit fast-scan PQ
+SQ8_CODEC = "SQ8"
 
-    Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},SQ8`` with nlist the power of two
-    nearest 4 * sqrt(token vectors), clamped to [256, 65536]. The Flat limit was 20,000 images; on a CPU a Flat
-    scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
+
+def default_codec(dim: int | None) -> str:
+    """The IVF vector codec regis picks for new indexes of ``dim``-d tokens.
+
+    ``SQ8`` (1 byte per dimension) below ``WIDE_DIM``: what the 384-d benchmarks were tuned with (BENCHMARKS.md
+    sections 1, 7, 8). From ``WIDE_DIM`` up (EfficientNet-Lite0's 1280-d tokens), ``PQ{dim/2}x4fs``: product
+    quantisation of 2 dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan kernels (dim / 4 bytes per
+    vector). On 10,000 Fashion-MNIST images through Lite0, 32 probes, 4-query batches, one thread
+    (``python -m bench.faiss_specs``, BENCHMARKS.md section 6): a third of the FAISS bytes per image (4.3 against
+    13.4 KB) and about half the search CPU per query, at recall@10 0.998 of the exact MaxSim ranking with depth
+    128 (``default_depth``) against 0.999 for SQ8 at depth 64. Only the candidates come from these codes: the
+    rerank scores the stored float16 tokens exactly.
+
+    Raises:
+        ConfigError: a wide ``dim`` that is odd (no 2-dimension sub-vectors).
+    """
+    if dim is None or dim < WIDE_DIM:
+        return SQ8_CODEC
+    if dim % 2:
+        raise ConfigError(f"token width {dim} is odd: no fast-scan PQ codec of 2-dimension sub-vectors")
+    return f"PQ{dim // 2}x4fs"
+
+
+def spec_codec(spec: str) -> str | None:
+    """The vector codec of an IVF factory spec ("IVF4096,SQ8" -> "SQ8"), None for a spec that is not "IVF<n>,X"."""
+    head, _, codec = spec.partition(",")
+    return codec if ivf_nlist(head) is not None and codec else None
+
+
+def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, codec: str | None = None) -> str:
+    """The FAISS factory spec regis picks for a collection of ``num_images`` images of ``dim``-d tokens.
+
+    Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},{codec}`` with nlist the power of two
+    nearest 4 * sqrt(token vectors), clamped to [256, 65536], and the codec ``codec`` (an index that grows keeps
+    the codec it was written with) or else ``default_codec(dim)``. The Flat limit was 20,000 images; on a CPU a
+    Flat scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
     (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors: enough to train 512 lists). nlist never asks
     for more than the 39 training vectors per list FAISS wants; below 256 lists' worth, Flat stays.
+
+    Raises:
+        ConfigError: see ``default_codec``.
     """
     n_vectors = max(1, num_images * tokens_per_image)
     if num_images <= FLAT_MAX_IMAGES or n_vectors < 39 * 256:
@@ -39,7 +75,7 @@ def auto_spec(num_images: int, tokens_per_image: int) -> str:
     nlist = min(max(2 ** round(math.log2(4 * math.sqrt(n_vectors))), 256), 65536)
     while 39 * nlist > n_vectors:
         nlist //= 2
-    return f"IVF{nlist},SQ8" if nlist >= 256 else "Flat"
+    return f"IVF{nlist},{codec or default_codec(dim)}" if nlist >= 256 else "Flat"
 
 
 def ivf_nlist(spec: str) -> int | None:
@@ -71,10 +107,15 @@ def default_nprobe(spec: str) -> int:
     return int(min(nlist, 32))
 
 
+FAST_SCAN_DEPTH = 128  # candidate depth of fast-scan PQ indexes (their similarities are coarser than SQ8's)
+
+
 def default_depth(spec: str) -> int:
-    """The candidate depth k' (neighbours per query token) that regis records for ``spec`` (see
-    ``default_nprobe``: depth 32 loses 0.01 of recall@10, 128 gains < 0.001)."""
-    return DEFAULT_DEPTH
+    """The candidate depth k' (neighbours per query token) that regis records for ``spec``: 64 (see
+    ``default_nprobe``: depth 32 loses 0.01 of recall@10, 128 gains < 0.001), 128 for a 4-bit fast-scan PQ codec
+    (``default_codec``: recall@10 0.991 at depth 64, 0.998 at 128 on 1280-d real tokens)."""
+    codec = spec_codec(spec) or ""
+    return FAST_SCAN_DEPTH if codec.endswith("fs") else DEFAULT_DEPTH
 
 
 def new_index(spec: str, dim: int):

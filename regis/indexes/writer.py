@@ -552,7 +552,10 @@ class IndexWriter:
         store = self._store()
         num_images = len(store)
         auto = self.explicit_spec is None
-        spec = self.explicit_spec or faiss_index.auto_spec(num_images, self.T)
+        # an index regis sized keeps the vector codec it was written with as it grows (an SQ8 index written
+        # before wide tokens got fast-scan PQ stays SQ8: no rebuild of its FAISS index for that alone)
+        kept_codec = faiss_index.spec_codec(self.base.faiss.spec) if self.base is not None else None
+        spec = self.explicit_spec or faiss_index.auto_spec(num_images, self.T, self.D, kept_codec)
         index = self._update_faiss(store, spec)
         if index.ntotal != num_images * self.T:
             raise RuntimeError(f"FAISS holds {index.ntotal} vectors, expected {num_images * self.T}")
