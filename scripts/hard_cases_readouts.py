@@ -364,6 +364,29 @@ def round3_variants(m: dict):
         "maxsim-10": (torch.cat([q, q160[:, :1]], 1), g)}
     yield "query 14 tokens (+ its 160 px pass's 4 part cues) vs the kept gallery", {
         "maxsim-10": (torch.cat([q, q160[:, 1:]], 1), g)}
+    # fifth round: scoring in both directions (fixed before their first measurement). MaxSim S(Q, D) is
+    # asymmetric: a gallery image that shows more than the query (the whole photo, a corner crop around a tile)
+    # matches every query token and is not penalised for what the query lacks. The reverse direction S(D, Q) asks
+    # how much of the gallery image the query shows.
+    q15 = torch.cat([q, q160], 1)
+    yield "both directions: S(Q,D)/m + S(D,Q)/T (query 15)", {"maxsim-10": (q15, g, "symmetric")}
+    yield "reverse direction only: S(D,Q)/T (query 15)", {"maxsim-10": (q15, g, "reverse")}
+
+
+def direction_scores(q: torch.Tensor, g: torch.Tensor, how: str = "forward") -> torch.Tensor:
+    """(Q, N) scores of queries q (Q, m, D) against gallery g (N, T, D): ``forward`` MaxSim S(Q, D) (regis),
+    ``reverse`` S(D, Q) / T (each gallery token's best query token), ``symmetric`` S(Q, D) / m + S(D, Q) / T."""
+    from regis.scores.maxsim import maxsim_scores
+
+    forward = maxsim_scores(q, g, chunk_size=64)
+    if how == "forward":
+        return forward
+    reverse = maxsim_scores(g, q, chunk_size=64).T / g.shape[1]
+    if how == "reverse":
+        return reverse
+    if how == "symmetric":
+        return forward / q.shape[1] + reverse
+    raise ValueError(how)
 
 
 def run3(args) -> int:
@@ -371,7 +394,6 @@ def run3(args) -> int:
     from eval_hard_cases import paired_bootstrap, pooled_table, query_hits, wilson_interval
 
     from regis.data.hard_cases import QUERY_KINDS
-    from regis.scores.maxsim import maxsim_scores
 
     torch.set_num_threads(1)
     hits, kinds, photos = {}, [], []
@@ -383,8 +405,8 @@ def run3(args) -> int:
         for name, scorers in round3_variants(m):
             if args.only and not any(o in name for o in args.only) and not name.startswith("kept"):
                 continue
-            for scorer, (q, g) in scorers.items():
-                h = query_hits(maxsim_scores(q, g, chunk_size=64), hard.relevance)
+            for scorer, (q, g, *how) in scorers.items():
+                h = query_hits(direction_scores(q, g, *how), hard.relevance)
                 hits.setdefault((name, scorer), []).append(h)
     kinds, photos = np.array(kinds), np.array(photos)
     pooled = {key: {k: np.concatenate([h[k] for h in hs]) for k in hs[0]} for key, hs in hits.items()}
