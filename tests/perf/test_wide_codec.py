@@ -62,7 +62,7 @@ def test_codec_choice_by_width():
     assert faiss_index.auto_spec(1_000, T, 1280) == "Flat"
     assert faiss_index.spec_codec("IVF4096,PQ640x4fs") == "PQ640x4fs"
     assert faiss_index.spec_codec("Flat") is None and faiss_index.spec_codec("HNSW32") is None
-    assert faiss_index.default_depth("IVF4096,PQ640x4fs") == 128
+    assert faiss_index.default_depth("IVF4096,PQ640x4fs") == 192
     assert faiss_index.default_depth("IVF4096,SQ8") == 64
 
 
@@ -71,7 +71,7 @@ def test_wide_index_ranks_like_exact_search_and_keeps_its_codec(tmp_path, tokens
     add(path, tokens[:N])
     snap = IndexSnapshot.open(path)
     assert snap.manifest.faiss.spec == "IVF512,PQ512x4fs" and snap.manifest.faiss.auto
-    assert snap.manifest.faiss.depth == 128
+    assert snap.manifest.faiss.depth == 192
     searcher = Searcher(snap)
     queries = tokens[N:]
     hits = 0
@@ -85,7 +85,7 @@ def test_wide_index_ranks_like_exact_search_and_keeps_its_codec(tmp_path, tokens
     # an update (adds and deletes go through remove_ids / add on the fast-scan index) keeps spec and depth
     add(path, tokens[N:N + 5], delete=[0, 1])
     snap = IndexSnapshot.open(path)
-    assert snap.manifest.faiss.spec == "IVF512,PQ512x4fs" and snap.manifest.faiss.depth == 128
+    assert snap.manifest.faiss.spec == "IVF512,PQ512x4fs" and snap.manifest.faiss.depth == 192
     assert snap.manifest.num_images == N + 5 - 2 and snap.faiss.ntotal == (N + 3) * T
     found = Searcher(snap).search(tokens[N + 2], k=1)
     assert int(found.ids[0]) == N + 2  # a new image finds itself
