@@ -81,7 +81,7 @@ def synthetic_tokens(n_db: int, t_per: int, dim: int, seed: int = 0):
         yield start, tokens
 
 
-def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
+def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default", codec: str | None = None):
     """The serving index of ``n_db`` images, (10, 1280) tokens each, under the Lite0 encoder record (cached under
     ``$REGIS_BENCH_DATA/idx``; the name records the token source, the ROI pass, the query layout and a FAISS
     codec other than SQ8).
@@ -91,6 +91,8 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
             "synthetic" (``synthetic_tokens``).
         variant: ``ENCODER_VARIANTS`` key: "default" (today's encoder defaults: two passes, 15 query tokens) or
             "one-pass" (no 160 px ROI pass, 10 query tokens: the pre-issue-11 server's work per query).
+        codec: the IVF vector codec ("SQ8", "PQ640x4fs"; None: the one regis picks, ``faiss_index.default_codec``);
+            given, the index is written with that spec as regis would size it, and its default depth.
     """
     from regis.indexes import faiss_index
     from regis.indexes.table import ImageRecord
@@ -104,7 +106,8 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
     layout = getattr(enc.config, "query_layout", "tokens")
     # and the FAISS codec regis picks for the tokens' width: an index cached before wide tokens got fast-scan PQ
     # (faiss_index.default_codec) would otherwise keep serving SQ8
-    codec = faiss_index.default_codec(enc.config.dim)
+    chosen = codec
+    codec = codec or faiss_index.default_codec(enc.config.dim)
     name = "serve-synth-lite0" if tokens == "synthetic" else "serve-lite0"
     path = DATA_DIR / "idx" / (f"{name}-{n_db}" + (f"-roi{roi}" if roi else "")
                                + ("" if layout == "tokens" else f"-{layout.replace('+', '-')}")
@@ -114,7 +117,8 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default"):
     chunks = (corpus_tokens(n_db) if tokens == "corpus"
               else synthetic_tokens(n_db, enc.config.tokens_per_image, enc.config.dim))
     t0 = time.perf_counter()
-    with IndexWriter(path, enc.config, enc.weights_info) as w:
+    spec = faiss_index.auto_spec(n_db, enc.config.tokens_per_image, enc.config.dim, chosen) if chosen else None
+    with IndexWriter(path, enc.config, enc.weights_info, faiss_spec=spec) as w:
         ids = w.allocate_ids(n_db)
         for start, part_tokens in chunks:
             part = ids[start : start + len(part_tokens)]
@@ -279,6 +283,8 @@ def main() -> None:
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
     p.add_argument("--batch-max-wait-ms", type=float, default=None, help="batched mode: REGIS_BATCH_MAX_WAIT_MS")
     p.add_argument("--encode-workers", type=int, default=None, help="batched mode: REGIS_BATCH_ENCODE_WORKERS")
+    p.add_argument("--faiss-codec", default=None,
+                   help="the serving index's IVF vector codec, e.g. SQ8 (default: regis's choice for 1280-d tokens)")
     p.add_argument("--min-requests-per-client", type=int, default=1,
                    help="requests per level at least this many times the clients (e.g. 2: 256 at 128 clients)")
     args = p.parse_args()
@@ -287,9 +293,10 @@ def main() -> None:
 
     print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads,
                    "modes": args.modes, "encoder_variant": args.encoder_variant,
-                   "batch_max_size": args.batch_max_size, "batch_max_wait_ms": args.batch_max_wait_ms})
+                   "batch_max_size": args.batch_max_size, "batch_max_wait_ms": args.batch_max_wait_ms,
+                   "encode_workers": args.encode_workers, "faiss_codec": args.faiss_codec})
     synthetic = args.tokens == "synthetic" or (args.tokens == "auto" and not (CORPUS_DIR / "info.json").exists())
-    index = build_index(args.n_db, "synthetic" if synthetic else "corpus", args.encoder_variant)
+    index = build_index(args.n_db, "synthetic" if synthetic else "corpus", args.encoder_variant, args.faiss_codec)
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     rows = []
