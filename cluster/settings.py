@@ -29,10 +29,14 @@ class RaySettings(BaseSettings):
         ingress_replicas, ingress_num_cpus: the REST ingress.
         ingress_max_ongoing_requests, encoder_max_ongoing_requests, shard_max_ongoing_requests: Ray Serve's
             ``max_ongoing_requests`` of each replica of the ingress, the encoder and each shard deployment: requests
-            a replica runs at once; more wait in front of it in Ray's proxy / request router (Ray's own default, 5,
-            let 8 clients saturate the one ingress: BENCHMARKS.md section 6). Each is at least ``max_batch_size``
-            (else a ``@serve.batch`` could never fill); every query admitted by the ingress makes one encoder call
-            and one search call per shard, so the defaults admit downstream what the ingress admits.
+            a replica runs at once; more wait in front of it in Ray's proxy / request router, which then retries
+            with a backoff of up to 1 s (``RequestRouter.backoff_sequence_s``) and leaves the replica idle between
+            tries: Ray's own default, 5, let 8 clients saturate the one ingress, and with 64 the throughput at 128
+            clients halved (14.5 against 29.0 req/s with 256; BENCHMARKS.md section 6). So set them at least to the
+            concurrent requests expected per replica; an admitted request waiting costs the ingress little (its
+            upload and a coroutine). Each is at least ``max_batch_size`` (else a ``@serve.batch`` could never
+            fill); every query admitted by the ingress makes one encoder call and one search call per shard, so the
+            defaults (256 each) admit downstream what the ingress admits.
         shard_timeout_s: a shard that has not answered after this many seconds counts as missing.
         encoder_timeout_s: an encode that takes longer fails the request with 503, seconds.
         on_missing_shards: "error": answer 503 ``shards_unavailable`` when a shard is missing (never a silently
@@ -62,9 +66,9 @@ class RaySettings(BaseSettings):
     shard_num_cpus: float = Field(default=0.5, ge=0, le=256)
     ingress_replicas: int = Field(default=1, ge=1, le=1024)
     ingress_num_cpus: float = Field(default=0.25, ge=0, le=256)
-    ingress_max_ongoing_requests: int = Field(default=64, ge=1, le=100_000)
-    encoder_max_ongoing_requests: int = Field(default=64, ge=1, le=100_000)
-    shard_max_ongoing_requests: int = Field(default=64, ge=1, le=100_000)
+    ingress_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
+    encoder_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
+    shard_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     shard_timeout_s: float = Field(default=5.0, gt=0, le=600)
     encoder_timeout_s: float = Field(default=30.0, gt=0, le=600)
     on_missing_shards: Literal["error", "partial"] = "error"
