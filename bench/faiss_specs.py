@@ -44,13 +44,6 @@ def corpus(n_db: int, n_queries: int, root: Path = CORPUS_DIR) -> tuple[np.ndarr
     return np.asarray(raw[:n_db]), np.asarray(raw[q0 : q0 + n_queries], dtype=np.float32)
 
 
-def shared(n_db: int, n_queries: int, root: Path) -> tuple[np.ndarray, np.ndarray]:
-    """A ``bench.shared`` folder's gallery rows (float16) and queries (float32): many images share each token."""
-    info = json.loads((root / "info.json").read_text())
-    db = np.memmap(root / "db.f16", dtype=np.float16, mode="r", shape=(info["db"], info["tokens"], info["dim"]))
-    return np.asarray(db[:n_db]), np.load(root / "q.npy")[:n_queries]
-
-
 def photo_queries() -> np.ndarray:
     """(16, 15, 1280) float32: the bench's photo queries as today's default encoder encodes a query."""
     import torch
@@ -93,7 +86,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n-db", type=int, default=10_000)
     p.add_argument("--n-queries", type=int, default=500)
-    p.add_argument("--specs", default="IVF1024,SQ8;PCAR256,IVF1024,SQ8")
+    p.add_argument("--specs", default="IVF1024,SQ8;IVF1024,PQ640x4fs")
     p.add_argument("--nprobes", default="", help="comma list of IVF probes per query token (default: the manifest's)")
     p.add_argument("--depths", default="", help="comma list of candidate depths (default: the manifest's)")
     p.add_argument("--gallery", default="fmnist",
@@ -104,16 +97,16 @@ def main() -> None:
     import faiss
     import torch
 
-    from bench.data import build_index, exact_topk
+    from bench.data import build_index, exact_topk, load_corpus
     from regis.indexes.snapshot import IndexSnapshot
     from regis.retrieve.searcher import Searcher
 
     torch.set_num_threads(1)
     print_machine({"bench": "faiss_specs", "n_db": args.n_db, "gallery": args.gallery})
     kind, _, folder = args.gallery.partition(":")
-    if kind == "shared":
-        db, sq = shared(args.n_db, args.n_queries, Path(folder))
-        sets = {"shared-10tok": sq}
+    if kind == "shared":  # the bench.synth layout that bench.data reads
+        db, sq = load_corpus(n_db=args.n_db, n_queries=args.n_queries, source=folder)
+        sets = {"shared-10tok": np.asarray(sq, dtype=np.float32)}
     else:
         db, fq = corpus(args.n_db, args.n_queries, Path(folder) if folder else CORPUS_DIR)
         sets = {"fmnist-10tok": fq, "photos-15tok": photo_queries()}

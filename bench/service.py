@@ -106,18 +106,17 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default", 
     layout = getattr(enc.config, "query_layout", "tokens")
     # and the FAISS codec regis picks for the tokens' width: an index cached before wide tokens got fast-scan PQ
     # (faiss_index.default_codec) would otherwise keep serving SQ8
-    chosen = codec
-    codec = codec or faiss_index.default_codec(enc.config.dim)
+    used = codec or faiss_index.default_codec(enc.config.dim)
     name = "serve-synth-lite0" if tokens == "synthetic" else "serve-lite0"
     path = DATA_DIR / "idx" / (f"{name}-{n_db}" + (f"-roi{roi}" if roi else "")
                                + ("" if layout == "tokens" else f"-{layout.replace('+', '-')}")
-                               + ("" if codec == faiss_index.SQ8_CODEC else f"-{codec}"))
+                               + ("" if used == faiss_index.SQ8_CODEC else f"-{used}"))
     if (path / "CURRENT").exists():
         return path
     chunks = (corpus_tokens(n_db) if tokens == "corpus"
               else synthetic_tokens(n_db, enc.config.tokens_per_image, enc.config.dim))
     t0 = time.perf_counter()
-    spec = faiss_index.auto_spec(n_db, enc.config.tokens_per_image, enc.config.dim, chosen) if chosen else None
+    spec = faiss_index.auto_spec(n_db, enc.config.tokens_per_image, enc.config.dim, codec) if codec else None
     with IndexWriter(path, enc.config, enc.weights_info, faiss_spec=spec) as w:
         ids = w.allocate_ids(n_db)
         for start, part_tokens in chunks:

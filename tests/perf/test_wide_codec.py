@@ -2,7 +2,7 @@
 (``faiss_index.default_codec``); an index keeps the codec it was written with as it grows or changes.
 
 Clustered synthetic 1024-d tokens through the real ``IndexWriter``; the candidates' recall against the exact
-ranking is checked, never their speed (``python -m bench.faiss_specs``, BENCHMARKS.md section 6).
+ranking is checked, never their speed (``python -m bench.faiss_specs``, BENCHMARKS.md section 3).
 """
 
 import numpy as np
