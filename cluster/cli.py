@@ -40,7 +40,7 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     _require_ray()
     from cluster.build import build_ray
     from cluster.settings import RaySettings
-    from regis.cli.options import encoder_for
+    from regis.index_encoder import encoder_for
     from regis.sharding.layout import is_sharded, read_layout, shard_dir
 
     num_shards = shards or (read_layout(collection)["num_shards"] if is_sharded(collection) else 1)

@@ -121,7 +121,7 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
         IndexLockedError: another writer holds the index past ``lock_timeout_s``.
     """
     from indexer.job_record import job_record
-    from indexer.uploads import open_live_writer  # uploads imports this module
+    from indexer.writers import open_live_writer
     from regis.indexes.table import ImageRecord
 
     with open_live_writer(index_dir, lock_timeout_s) as w:

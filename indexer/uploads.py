@@ -14,17 +14,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from indexer.build import BuildOptions, BuildReport, _embed
+from indexer.embed import BuildOptions, BuildReport, embed_entries
 from indexer.job_record import job_record
 from indexer.metadata import FACTS_KEY
 from indexer.scan import FileEntry
-from regis.errors import IndexFormatError
+from indexer.writers import open_live_writer, open_writer
 from regis.faults import crash_point
-from regis.indexes.layout import VERSIONS_DIR, read_current
-from regis.indexes.manifest import read_manifest
 from regis.indexes.table import ImageRecord
 from regis.indexes.uploads import is_upload_path, place_upload, upload_file, uploads_lock
-from regis.indexes.writer import IndexWriter
 from regis.models.encoder import RegisEncoder
 
 log = logging.getLogger("regis.indexer")
@@ -147,7 +144,7 @@ def add_images(
         crash_point("job.placed")
         ids = w.allocate_ids(len(jobs))
         jobs = [(entry, int(i), meta) for (entry, _, meta), i in zip(jobs, ids, strict=True)]
-        failed = set(_embed(w, encoder, jobs, options, build_report)) if jobs else set()
+        failed = set(embed_entries(w, encoder, jobs, options, build_report)) if jobs else set()
         reasons = {s["path"]: s["reason"] for s in build_report.skipped}
         for entry, image_id, _ in jobs:
             item = entries[entry.path]
@@ -163,46 +160,6 @@ def add_images(
         report.version = manifest.version if manifest else None
     report.total_s = time.perf_counter() - t0
     return report
-
-
-def open_writer(index_dir: str | Path, encoder, weights, **writer_kwargs):
-    """The writer of an index: ``IndexWriter``, or for a sharded collection a ``CollectionWriter`` (the same
-    interface in global ids, over every shard; ``regis.sharding.write``).
-
-    Raises:
-        IndexMismatchError / IndexLockedError: as ``IndexWriter``.
-    """
-    from regis.sharding.layout import is_sharded
-
-    if is_sharded(index_dir):
-        from regis.sharding.write import CollectionWriter
-
-        return CollectionWriter(index_dir, encoder, weights, **writer_kwargs)
-    return IndexWriter(index_dir, encoder, weights, **writer_kwargs)
-
-
-def open_live_writer(index_dir: str | Path, lock_timeout_s: float = 0.0, why: str = ""):
-    """A writer (``open_writer``) on the live version of an existing index or sharded collection, with the
-    encoder its manifest records (for writes that embed nothing: deletes, metadata changes).
-
-    Raises:
-        IndexFormatError: there is no index (the message ends with ``why``).
-        IndexLockedError: another writer holds the index past ``lock_timeout_s`` (when the writer is entered).
-    """
-    from regis.sharding.layout import collection_manifest, is_sharded
-
-    index_dir = Path(index_dir)
-    if is_sharded(index_dir):
-        try:
-            manifest = collection_manifest(index_dir)
-        except IndexFormatError as exc:
-            raise IndexFormatError(f"{index_dir} holds no index yet{why}") from exc
-        return open_writer(index_dir, manifest.encoder, manifest.weights, lock_timeout_s=lock_timeout_s)
-    current = read_current(index_dir) if index_dir.is_dir() else None
-    if current is None:
-        raise IndexFormatError(f"{index_dir} holds no index yet{why}")
-    manifest = read_manifest(index_dir / VERSIONS_DIR / current)
-    return IndexWriter(index_dir, manifest.encoder, manifest.weights, lock_timeout_s=lock_timeout_s)
 
 
 def delete_images(

@@ -44,7 +44,7 @@ class WorkerSettings(BaseSettings):
         images_root: the folder index jobs may read (None: index jobs fail, uploads still work).
         uploads_dir: where uploads are stored (default: ``images_root/.uploads``, else ``index_dir/uploads``).
         backbone, weights, random_init: the encoder for a new index (an existing index's own encoder
-            otherwise; see ``regis.cli.options.encoder_for``).
+            otherwise; see ``regis.options.encoder_for``).
         device: torch device for encoding.
         build_batch_size: images per forward pass.
         build_workers: DataLoader decoding processes (None: min(4, CPUs) for large jobs).
@@ -94,7 +94,7 @@ def _current_settings() -> WorkerSettings:
 
 
 def _encoder(settings: WorkerSettings):
-    from regis.cli.options import encoder_for
+    from regis.index_encoder import encoder_for
     from regis.retrieve.query import set_torch_threads
 
     set_torch_threads(settings.torch_threads)

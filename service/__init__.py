@@ -1,7 +1,7 @@
 """regis service: the FastAPI app that answers query-by-image over HTTP (``regis serve``).
 
 ``service.app.create_app(settings)`` builds the app; the encoder and index load once, in the lifespan.
-Importing this package is light (the CLI imports ``service.cli`` on every ``regis`` call).
+Importing this package is light (the CLI imports it on every ``regis`` call).
 """
 
 

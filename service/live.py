@@ -56,7 +56,7 @@ class LiveIndex:
         return read_current(self.index_dir) if self.index_dir.is_dir() else None
 
     def _build_encoder(self):
-        from regis.cli.options import encoder_for
+        from regis.index_encoder import encoder_for
 
         s = self.settings
         return encoder_for(self.index_dir, s.backbone, s.weights, s.random_init, None, None, s.device)

@@ -96,7 +96,7 @@ def test_two_collections_are_separate_indexes(tmp_path, photos_dir, lite0_encode
 def test_cli_builds_two_folders_into_a_collection(tmp_path, photos_dir, one_thread):
     from typer.testing import CliRunner
 
-    from regis.cli.main import app
+    from cli.main import app
 
     a, b, names_a, names_b = _split(photos_dir, tmp_path)
     root = tmp_path / "collections"

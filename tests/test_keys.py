@@ -84,7 +84,7 @@ def test_cors_is_off_unless_configured(keyed, lite0_index):
 def test_regis_keys_cli(tmp_path):
     from typer.testing import CliRunner
 
-    from regis.cli.main import app
+    from cli.main import app
 
     runner = CliRunner()
     keys_file = tmp_path / "k.json"

@@ -198,7 +198,7 @@ def test_uploads_deletes_and_metadata_changes_equal_the_unsharded_index(writable
 
 def test_a_worker_writes_a_collection_with_its_own_encoder(indexes):
     """``regis worker`` and the service build the encoder with ``encoder_for``: a collection's is its shards'."""
-    from regis.cli.options import encoder_for
+    from regis.index_encoder import encoder_for
     from regis.sharding.layout import collection_manifest
 
     encoder = encoder_for(indexes[1], None, None, False, None, None, "cpu")

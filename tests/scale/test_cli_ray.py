@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from regis.cli.main import app
+from cli.main import app
 from regis.errors import ConfigError, IndexFormatError
 
 

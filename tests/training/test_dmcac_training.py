@@ -191,7 +191,7 @@ def test_cli_train_resume_then_eval_index_and_serve_the_exported_encoder(stripes
     from fastapi.testclient import TestClient
     from typer.testing import CliRunner
 
-    from regis.cli.main import app
+    from cli.main import app
     from service.app import create_app
     from service.settings import Settings
 

@@ -6,7 +6,7 @@ import pytest
 from synthetic_data import write_stripes_folder
 from typer.testing import CliRunner
 
-from regis.cli.main import app
+from cli.main import app
 
 TINY = ["--backbone", "vit-tiny-reg4-test", "--random-init", "--sampler", "pk", "--p", "3", "--k", "2",
         "--warmup-steps", "1",

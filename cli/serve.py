@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import Backbone, RandomInit, Weights
+from cli.options import Backbone, RandomInit, Weights
 
 
 def serve(

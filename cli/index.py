@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import (
+from cli.options import (
     Backbone,
     CollectionsRootOpt,
     CueMethod,
@@ -78,9 +78,10 @@ def build(
     """Index a folder, or update an index incrementally: new and changed files are embedded, files gone from
     the folder removed; ids stay stable. Images of other folders in the same index or collection stay (use
     --replace for a build that replaces them). Unreadable files are skipped and listed."""
+    from cli.options import index_dir_for
     from indexer.metadata import load_metadata_file
-    from regis.cli.options import encoder_for, index_dir_for
     from regis.errors import ConfigError
+    from regis.index_encoder import encoder_for
 
     if ray and (replace or candidates is not None):
         raise ConfigError("--ray builds the whole folder into the sharded collection: --replace and --candidates "
@@ -123,7 +124,7 @@ def build(
 def _collection_encoder(collection: str, root: Path | None, backbone, weights, random_init) -> tuple:
     """(backbone, weights, random_init) of a build into collection ``collection``: the collection is created
     with the given encoder if missing; an existing one's own encoder unless another is given."""
-    from regis.cli.options import collections_root
+    from cli.options import collections_root
     from regis.indexes.collections import CollectionConfig
 
     collections = collections_root(root)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import Backbone, CueMethod, RandomInit, RoiSize, Weights
+from cli.options import Backbone, CueMethod, RandomInit, RoiSize, Weights
 
 Data = Annotated[Path, typer.Option("--data", help="Dataset folder (imagefolder, CUB, Cars, SOP, In-Shop or "
                                     "Fashion-MNIST idx files).")]

@@ -13,14 +13,14 @@ import click
 import typer
 from pydantic import ValidationError
 
-from indexer.cli import app as index_app
-from indexer.cli import worker
-from regis.cli.collections import app as collections_app
-from regis.cli.options import CollectionsRootOpt, Device, Weights
+from cli.collections import app as collections_app
+from cli.index import app as index_app
+from cli.index import worker
+from cli.keys import app as keys_app
+from cli.options import CollectionsRootOpt, Device, Weights
+from cli.serve import serve
+from cli.train import register as register_training
 from regis.errors import RegisError
-from service.cli import serve
-from service.keys_cli import app as keys_app
-from training.cli import register as register_training
 
 app = typer.Typer(
     name="regis",
@@ -90,7 +90,7 @@ def search(
 ) -> None:
     """Search an index or collection with a query image (or an indexed image's id); prints rank, score, id and
     path."""
-    from regis.cli.options import index_dir_for
+    from cli.options import index_dir_for
     from regis.errors import ConfigError
     from regis.indexes.filters import parse_filter
     from regis.retrieve.query import QueryEngine

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from regis.cli.options import Backbone, CollectionsRootOpt, RandomInit, Weights
+from cli.options import Backbone, CollectionsRootOpt, RandomInit, Weights
 
 app = typer.Typer(help="Create, list, describe and delete collections (named indexes under one root).",
                   no_args_is_help=True)
@@ -25,7 +25,7 @@ def create(
     description: Annotated[str, typer.Option("--description", help="Free text.")] = "",
 ) -> None:
     """Create an empty collection that will embed with the given backbone (default efficientnet-lite0)."""
-    from regis.cli.options import collections_root
+    from cli.options import collections_root
     from regis.indexes.collections import CollectionConfig
 
     config = CollectionConfig(backbone=backbone, weights=str(weights) if weights else None,
@@ -40,7 +40,7 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the collections: name, images, index version, backbone."""
-    from regis.cli.options import collections_root
+    from cli.options import collections_root
 
     collections = collections_root(root)
     rows = [collections.describe(name) for name in collections.names()]
@@ -55,7 +55,7 @@ def list_(
 @app.command("info")
 def info(name: Name, root: CollectionsRootOpt = None) -> None:
     """Describe one collection (JSON)."""
-    from regis.cli.options import collections_root
+    from cli.options import collections_root
 
     typer.echo(json.dumps(collections_root(root).describe(name), indent=2))
 
@@ -67,7 +67,7 @@ def delete(
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Delete a collection: its index, versions and tokens (uploaded files stored elsewhere stay)."""
-    from regis.cli.options import collections_root
+    from cli.options import collections_root
 
     collections = collections_root(root)
     if not yes:

@@ -1,6 +1,6 @@
 """The ``regis`` command line (typer). Subsystems contribute their own sub-apps; heavy imports happen
 inside commands, so ``regis --help`` is instant."""
 
-from regis.cli.main import app, main
+from cli.main import app, main
 
 __all__ = ["app", "main"]
