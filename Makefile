@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint serve-demo clean
+.PHONY: install demo test test-heavy lint serve-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,13 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/python scripts/demo.py
 
-## Run the test suite.
+## Run the test suite (all but the tests marked heavy: under 10 minutes on a 2-core machine).
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not heavy"
+
+## The heavy tests (a minute or more each); CI runs them after `make test`.
+test-heavy: install
+	$(BIN)/python -m pytest -q -m heavy
 
 lint: install
 	$(BIN)/ruff check .
