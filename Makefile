@@ -27,7 +27,7 @@ test: install
 
 ## The heavy tests (a minute or more each); CI runs them after `make test`.
 test-heavy: install
-	$(BIN)/python -m pytest -q -m heavy
+	$(BIN)/python -m pytest -q -m heavy; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]  # 5: none marked heavy
 
 lint: install
 	$(BIN)/ruff check .
