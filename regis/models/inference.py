@@ -257,9 +257,9 @@ def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
 def ort_session_options(threads: int, dims: dict[str, int] | None = None):
     """``onnxruntime.SessionOptions`` for a CPU session on ``threads`` intra-op threads (``inference_copy``'s
     thread budget), one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core
-    service shares them with decoding and FAISS: BENCHMARKS.md section 6, "Oversubscription"). ``dims``: values
-    for the model's free dimensions ("batch", "height", "width"), which lets ONNX Runtime plan for one input
-    shape.
+    service shares them with decoding and FAISS: docs/benchmarks/history.md, section 6, "Oversubscription").
+    ``dims``: values for the model's free dimensions ("batch", "height", "width"), which lets ONNX Runtime plan
+    for one input shape.
 
     Raises:
         ImportError: onnxruntime is not installed.
