@@ -4,23 +4,31 @@
 from __future__ import annotations
 
 import csv
-import json
+import math
 from pathlib import Path
 
 from regis.errors import ConfigError
+from regis.indexes import json_values
 
 SIDECAR_SUFFIX = ".json"
-MAX_METADATA_BYTES = 64 * 1024
+MAX_METADATA_BYTES = json_values.MAX_METADATA_BYTES
 FACTS_KEY = "file"  # the build's file facts live under this key; user metadata may not set it
 
 
 def _number(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    """A CSV cell as a number when it is one regis stores (a 64-bit integer, a finite float), else the text: a
+    20-digit barcode or "NaN" stays a string."""
+    try:
+        value = int(text)
+    except ValueError:
+        pass
+    else:
+        return value if json_values.INT64_MIN <= value <= json_values.INT64_MAX else text
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
 
 
 def load_metadata_file(path: Path | str) -> dict[str, dict]:
@@ -28,8 +36,9 @@ def load_metadata_file(path: Path | str) -> dict[str, dict]:
     ``.ndjson`` file (one object per line with a ``path`` key), keyed by path relative to the folder built.
 
     Raises:
-        ConfigError: unreadable file, unknown extension, a row without ``path``; the message names the file
-            and line.
+        ConfigError: unreadable file, unknown extension, a row without ``path``, a value regis does not store
+            (``regis.indexes.json_values``: NaN, a lone surrogate, 33 levels deep...); the message names the file
+            and line (and the value's path).
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -48,9 +57,9 @@ def load_metadata_file(path: Path | str) -> dict[str, dict]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except ValueError:
-                raise ConfigError(f"{path}:{n}: not valid JSON") from None
+                row = json_values.loads(line, "metadata", max_bytes=MAX_METADATA_BYTES)
+            except json_values.InvalidValueError as exc:
+                raise ConfigError(f"{path}:{n}: {exc}") from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{path}:{n}: each line must be a JSON object")
             rows.append(row)
@@ -62,6 +71,10 @@ def load_metadata_file(path: Path | str) -> dict[str, dict]:
         if not isinstance(key, str) or not key:
             raise ConfigError(f"{path}: row {n} has no 'path'")
         row.pop(FACTS_KEY, None)
+        try:
+            json_values.check_value(row, "metadata", max_bytes=MAX_METADATA_BYTES)
+        except json_values.InvalidValueError as exc:
+            raise ConfigError(f"{path}: row {n}: {exc}") from None
         out[Path(key).as_posix().lstrip("./") if key.startswith("./") else Path(key).as_posix()] = row
     return out
 
@@ -70,16 +83,19 @@ def read_sidecar(image: Path) -> dict | None:
     """The JSON object in ``image`` + ".json" (e.g. ``photo.jpg.json``), None if there is none.
 
     Raises:
-        ConfigError: a sidecar that is not a JSON object or is larger than 64 KiB (the message names it).
+        ConfigError: a sidecar that is not a JSON object, is larger than 64 KiB or holds a value regis does not
+            store (``regis.indexes.json_values``); the message names it.
     """
     sidecar = image.with_name(image.name + SIDECAR_SUFFIX)
     try:
         if sidecar.stat().st_size > MAX_METADATA_BYTES:
             raise ConfigError(f"{sidecar}: metadata sidecar larger than {MAX_METADATA_BYTES} bytes")
-        value = json.loads(sidecar.read_text(encoding="utf-8"))
+        value = json_values.loads(sidecar.read_bytes(), "metadata", max_bytes=MAX_METADATA_BYTES)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, UnicodeDecodeError):
+    except json_values.InvalidValueError as exc:
+        raise ConfigError(f"{sidecar}: {exc}") from None
+    except OSError:
         raise ConfigError(f"{sidecar}: not a readable JSON metadata sidecar") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{sidecar}: a metadata sidecar must hold a JSON object")
@@ -119,6 +135,8 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
     Raises:
         IndexFormatError: there is no index.
         IndexLockedError: another writer holds the index past ``lock_timeout_s``.
+        ConfigError: ``patch``, or the metadata it makes, is not a value regis stores (``json_values``: NaN, a
+            lone surrogate, over 32 levels or 64 KiB...); nothing is written.
     """
     from indexer.job_record import job_record
     from indexer.writers import open_live_writer
@@ -131,7 +149,8 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
             return {"version": None, "id": image_id, "found": False, "metadata": None}
         facts = rec.metadata.get(FACTS_KEY)
         base = {} if replace else {k: v for k, v in rec.metadata.items() if k != FACTS_KEY}
-        meta = merge_patch(base, patch)
+        meta = merge_patch(base, json_values.check_value(patch, "metadata", max_bytes=MAX_METADATA_BYTES))
+        json_values.check_value(meta, "metadata", max_bytes=MAX_METADATA_BYTES)
         if facts is not None:
             meta[FACTS_KEY] = facts
         if meta != rec.metadata:

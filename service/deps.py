@@ -117,7 +117,9 @@ def search_extras(
         max_length=8192, description='metadata filter: JSON such as {"album": "trip", "year": {"gte": 2020}}, '
                                      'or the key:value[,key:value] shorthand (regis.indexes.filters)')] = None,
     offset: Annotated[int, Query(ge=0, le=999, description="skip the best `offset` results (paging)")] = 0,
-    score_threshold: Annotated[float | None, Query(description="drop results scoring below this MaxSim score")] = None,
+    score_threshold: Annotated[float | None, Query(allow_inf_nan=False,
+                                                   description="drop results scoring below this MaxSim score "
+                                                               "(a finite number)")] = None,
 ) -> dict:
     """The search options besides k / depth / mode, checked: {"where", "offset", "score_threshold"} (only those
     given).

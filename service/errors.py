@@ -24,13 +24,15 @@ log = logging.getLogger("regis.service")
 
 
 class APIError(Exception):
-    """An error with an HTTP status, a stable machine-readable code and a message for the client."""
+    """An error with an HTTP status, a stable machine-readable code and a message for the client (``extra``: more
+    fields of the error object, e.g. the ``path`` of a bad JSON value)."""
 
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str, **extra):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.extra = extra
 
 
 def error_body(code: str, message: str, **extra) -> dict:
@@ -60,7 +62,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError):
-        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status)
+        return JSONResponse(error_body(exc.code, exc.message, **exc.extra), status_code=exc.status)
 
     @app.exception_handler(ImageTooLargeError)
     async def _too_large(_: Request, exc: ImageTooLargeError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Form, Path
 from pydantic import BeforeValidator
 
 MAX_IMAGE_ID = 2**63 - 1  # image ids are SQLite INTEGERs (signed 64-bit)
@@ -23,3 +23,10 @@ ImageId = Annotated[
     Path(ge=0, le=MAX_IMAGE_ID, description="image id: a non-negative 64-bit integer"),
     BeforeValidator(_decimal_digits),
 ]
+ImageIdForm = Annotated[
+    int,
+    Form(ge=0, le=MAX_IMAGE_ID, description="image id: a non-negative 64-bit integer"),
+    BeforeValidator(_decimal_digits),
+]
+"""An image id in a form field (POST /v1/explain's ``id``): the same digits-only rule as ``ImageId``, so
+``id=1.0`` is refused rather than read as 1."""

@@ -7,18 +7,18 @@ index write lock (``regis.indexes.uploads``).
 
 from __future__ import annotations
 
-import json
 import shutil
 
 from fastapi import Request
 
 from regis.errors import ConfigError, ImageDecodeError, ImageTooLargeError
 from regis.images.decode import decode_image
+from regis.indexes import json_values
 from regis.indexes.uploads import STAGING_DIR, stage_upload, upload_table_path
 from regis.jobs.model import JobInfo, UploadItem
 from service.errors import APIError
 
-MAX_METADATA_BYTES = 64 * 1024
+MAX_METADATA_BYTES = json_values.MAX_METADATA_BYTES
 _FAILURE_STATUS = {"invalid_job": 422, "invalid_image": 422, "encoder_mismatch": 409, "index_locked": 409,
                    "index_unreadable": 503, "weights_unavailable": 503}
 
@@ -31,20 +31,38 @@ def check_request_size(request: Request, settings) -> None:
         raise APIError(413, "payload_too_large", f"request is larger than the limit of {limit:,} bytes")
 
 
-def parse_metadata(raw: str | None, n_files: int) -> list[dict]:
-    """One metadata object per file from the ``metadata`` form field (JSON object for all, or a list).
+def invalid_metadata(exc: json_values.InvalidValueError) -> APIError:
+    """The 422 for metadata regis does not store, with the path of the bad value."""
+    return APIError(422, "invalid_metadata", str(exc), path=exc.path)
+
+
+def check_metadata(value: dict) -> dict:
+    """``value`` if regis can store it as an image's metadata (``regis.indexes.json_values``: finite numbers,
+    64-bit integers, valid Unicode, at most 32 levels and 64 KiB).
 
     Raises:
-        APIError: 422 for invalid JSON, a wrong shape, or more than 64 KiB.
+        APIError: 422 ``invalid_metadata`` naming the bad value's path.
+    """
+    try:
+        return json_values.check_value(value, "metadata", max_bytes=MAX_METADATA_BYTES)
+    except json_values.InvalidValueError as exc:
+        raise invalid_metadata(exc) from None
+
+
+def parse_metadata(raw: str | None, n_files: int) -> list[dict]:
+    """One metadata object per file from the ``metadata`` form field (JSON object for all, or a list), each a
+    value ``check_metadata`` accepts.
+
+    Raises:
+        APIError: 422 for invalid JSON, a wrong shape, more than 64 KiB, or a value regis does not store (the
+            error names its path).
     """
     if raw is None or raw.strip() == "":
         return [{} for _ in range(n_files)]
-    if len(raw.encode()) > MAX_METADATA_BYTES:
-        raise APIError(422, "invalid_metadata", f"metadata is larger than {MAX_METADATA_BYTES:,} bytes")
     try:
-        value = json.loads(raw)
-    except ValueError:
-        raise APIError(422, "invalid_metadata", "metadata is not valid JSON") from None
+        value = json_values.loads(raw, "metadata", max_bytes=MAX_METADATA_BYTES)
+    except json_values.InvalidValueError as exc:
+        raise invalid_metadata(exc) from None
     if isinstance(value, dict):
         return [dict(value) for _ in range(n_files)]
     if isinstance(value, list) and len(value) == n_files and all(isinstance(v, dict) for v in value):

@@ -15,6 +15,10 @@ for nesting (``file.camera``, ``file.taken_at``, ``file.folder``, ``file.ext``: 
 SQLite evaluates it (JSON1 ``json_extract`` / ``json_type``), so no Python loop runs over rows. A string of
 the form ``key:value[,key:value...]`` is accepted as a shorthand for equalities (values parsed as JSON when
 they are, else strings).
+
+Values are checked as stored metadata is (``regis.indexes.json_values``): integers within 64 bits, finite
+numbers, valid Unicode, bounded nesting; anything else is a ``ConfigError`` naming the value's path, never an
+error out of SQLite.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import re
 from typing import Any
 
 from regis.errors import ConfigError
+from regis.indexes import json_values
 
 COLUMNS = {"id": "id", "path": "path", "sha256": "sha256", "width": "width", "height": "height", "bytes": "bytes",
            "size": "bytes", "mtime": "mtime"}
@@ -39,16 +44,13 @@ def parse_filter(text: str | None) -> dict | None:
     """A filter from its query-string form: JSON, or the ``key:value,key:value`` shorthand; None if empty.
 
     Raises:
-        ConfigError: neither valid JSON object nor shorthand.
+        ConfigError: neither valid JSON object nor shorthand; a value regis cannot query (``json_values``).
     """
     if text is None or not text.strip():
         return None
     text = text.strip()
     if text.startswith("{"):
-        try:
-            value = json.loads(text)
-        except ValueError:
-            raise ConfigError("filter is not valid JSON") from None
+        value = json_values.loads(text, "filter")
         if not isinstance(value, dict):
             raise ConfigError("a filter must be a JSON object")
         return value
@@ -59,11 +61,11 @@ def parse_filter(text: str | None) -> dict | None:
             raise ConfigError(f"filter shorthand must be key:value[,key:value...], got {part[:80]!r}")
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             value = raw
         if isinstance(value, (dict, list)):
             value = raw
-        out[key.strip()] = value
+        out[key.strip()] = json_values.check_scalar(value, json_values.key_path("filter", key.strip()[:64]))
     return out
 
 
@@ -87,7 +89,7 @@ def _scalar(value: Any, key: str) -> Any:
     if value is None or isinstance(value, (int, float, str)):
         if isinstance(value, str) and len(value) > 1000:
             raise ConfigError(f"filter value for {key!r} is longer than 1000 characters")
-        return value
+        return json_values.check_scalar(value, f"filter.{key}")
     raise ConfigError(f"filter value for {key!r} must be a string, number, boolean or null")
 
 
@@ -149,7 +151,7 @@ class _Compiler:
             else:
                 if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                     raise ConfigError(f"'{op}' for {key!r} takes a number or a string")
-                self.params.append(value)
+                self.params.append(json_values.check_scalar(value, f"filter.{key}.{op}"))
                 parts.append(f"({field} {_RANGE_OPS[op]} ?)")
         return "(" + " AND ".join(parts) + ")"
 

@@ -50,7 +50,9 @@ class ImageRecord:
     metadata: dict = field(default_factory=dict)
 
     def to_row(self) -> tuple:
-        meta = json.dumps(self.metadata, sort_keys=True) if self.metadata else None
+        # allow_nan=False: a NaN that got past the checks (regis.indexes.json_values) fails the write here, instead
+        # of every later metadata filter on the table (SQLite's JSON functions cannot read a bare NaN)
+        meta = json.dumps(self.metadata, sort_keys=True, allow_nan=False) if self.metadata else None
         return (self.id, self.path, self.sha256, self.width, self.height, self.bytes, self.mtime, meta)
 
     @classmethod

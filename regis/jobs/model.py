@@ -5,14 +5,21 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from regis.errors import RegisError
+from regis.indexes import json_values
 
 JobKind = Literal["index", "add", "delete", "metadata"]
 JobState = Literal["queued", "running", "done", "failed"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "done", "failed")
 MAX_SKIPPED_REPORTED = 200  # skipped files listed in a job result (the count is always exact)
+
+
+def _storable(metadata: dict) -> dict:
+    """A job's metadata must be a value regis stores (``regis.indexes.json_values``): the API checks it first,
+    this keeps a job from another producer (or an old queue) from writing NaN or a lone surrogate."""
+    return json_values.check_value(metadata, "metadata", max_bytes=json_values.MAX_METADATA_BYTES)
 
 
 class QueueUnavailableError(RegisError):
@@ -38,6 +45,11 @@ class UploadItem(BaseModel):
     filename: str = ""
     metadata: dict = Field(default_factory=dict)
 
+    @field_validator("metadata")
+    @classmethod
+    def _storable_metadata(cls, v: dict) -> dict:
+        return _storable(v)
+
 
 class JobSpec(BaseModel):
     """A job: ``index`` a folder, ``add`` uploaded images, or ``delete`` images by id.
@@ -61,6 +73,11 @@ class JobSpec(BaseModel):
     collection: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     metadata: dict | None = None
     replace_metadata: bool = False
+
+    @field_validator("metadata")
+    @classmethod
+    def _storable_metadata(cls, v: dict | None) -> dict | None:
+        return _storable(v) if v is not None else v
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> JobSpec:

@@ -164,7 +164,20 @@ class LocalJobQueue(JobQueue):
                 spec = self._specs.get(job_id)
             if spec is None:
                 continue
-            self._run_one(job_id, spec)
+            try:
+                self._run_one(job_id, spec)
+            except Exception:  # the thread outlives any one job: the jobs after it still run (issue 27, item 1)
+                log.exception("job %s: recording its end failed", job_id)
+                self._fail(job_id, JobError(code="internal", message="the job failed unexpectedly; see the server "
+                                                                     "log"))
+
+    def _fail(self, job_id: str, error: JobError) -> None:
+        """Mark a job failed without copying what it holds (its result may be what could not be copied)."""
+        with self._lock:
+            self._specs.pop(job_id, None)
+            info = self._jobs.get(job_id)
+            if info is not None:
+                info.state, info.result, info.error, info.ended_at = "failed", None, error, utc_now()
 
     def _run_one(self, job_id: str, spec: JobSpec) -> None:
         self._update(job_id, state="running", started_at=utc_now(), attempts=1,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Depends, File, UploadFile
 from starlette.concurrency import run_in_threadpool
 
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings
 from service.errors import APIError
-from service.params import MAX_IMAGE_ID
+from service.params import ImageIdForm
 from service.routes.images import image_path
 from service.routes.search import read_upload
 from service.schemas import ErrorResponse
@@ -43,8 +43,7 @@ def _explain(engine: QueryEngine, settings: Settings, query: bytes, image_id: in
 )
 async def explain(
     file: Annotated[UploadFile, File(description="the query image (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
-    id: Annotated[int, Form(ge=0, le=MAX_IMAGE_ID, description="id of the indexed image to explain against the "
-                                                             "query")],
+    id: ImageIdForm,
     engine: Annotated[QueryEngine, Depends(get_engine)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> dict:

@@ -90,11 +90,10 @@ async def patch_metadata(
     replace: Annotated[bool, Query(description="replace the whole user metadata instead of merging")] = False,
     wait: Annotated[bool, Query(description="wait for the index job (up to REGIS_WRITE_WAIT_S)")] = True,
 ) -> dict:
-    """Change an image's metadata (a new index version; the image keeps its id and tokens)."""
-    import json
-
-    if len(json.dumps(metadata)) > uploads.MAX_METADATA_BYTES:
-        raise APIError(422, "invalid_metadata", f"metadata is larger than {uploads.MAX_METADATA_BYTES:,} bytes")
+    """Change an image's metadata (a new index version; the image keeps its id and tokens). Values must be JSON
+    regis can store and filter on: finite numbers, 64-bit integers, valid Unicode, at most 32 levels and 64 KiB
+    (else 422 ``invalid_metadata`` with the ``path`` of the bad value; nothing is written)."""
+    uploads.check_metadata(metadata)
     if engine.snapshot.table.get(image_id) is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
                                                f"{engine.snapshot.version}")
