@@ -49,13 +49,42 @@ def backbones() -> None:
 
 @app.command("photos")
 def photos(
-    out_dir: Annotated[Path, typer.Argument(help="Folder to copy the photos into (created).")],
+    out_dir: Annotated[Path | None, typer.Argument(help="Folder to write the photos into (created). Default for "
+                                                      "--source debian: ~/.cache/regis/photos.")] = None,
+    source: Annotated[str, typer.Option("--source", help="python: the photos inside scikit-image, scikit-learn and "
+                                        "matplotlib (21); debian: the real-photo training corpus from Debian "
+                                        "packages (about 540 photos; apt-get download + dpkg -x, no root).")
+                      ] = "python",
+    cache: Annotated[Path | None, typer.Option("--cache", help="debian: where the .deb files and their extracted "
+                                               "trees are kept (default ~/.cache/regis or $REGIS_CACHE).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="debian: seed of the train / val / test split.")] = 0,
+    max_side: Annotated[int, typer.Option("--max-side", help="debian: longest side of a written photo, px "
+                                          "(0: keep).")] = 1024,
 ) -> None:
-    """Copy the real photos that ship inside scikit-image, scikit-learn and matplotlib into a folder."""
-    from regis.data.sample_photos import collect_sample_photos
+    """Write real photos into a folder: the bundled ones (default), or the Debian real-photo corpus
+    (``--source debian``: de-duplicated, with package and licence per photo and a seeded split by photo in
+    DIR/corpus.json)."""
+    from regis.errors import ConfigError
 
-    paths = collect_sample_photos(out_dir)
-    typer.echo(f"{len(paths)} photos in {out_dir}")
+    if source == "python":
+        from regis.data.sample_photos import collect_sample_photos
+
+        if out_dir is None:
+            raise ConfigError("give the folder to copy the photos into: regis photos DIR")
+        paths = collect_sample_photos(out_dir)
+        typer.echo(f"{len(paths)} photos in {out_dir}")
+        return
+    if source != "debian":
+        raise ConfigError(f"--source must be python or debian, got {source!r}")
+    from regis.data.debian_photos import DEFAULT_CACHE, fetch_and_build
+
+    cache = cache or DEFAULT_CACHE
+    out_dir = out_dir or cache / "photos"
+    records = fetch_and_build(out_dir, cache=cache, seed=seed, max_side=max_side)
+    counts = {s: sum(r.split == s for r in records) for s in ("train", "val", "test")}
+    scenes = sum(r.kind == "scene" for r in records)
+    typer.echo(f"{len(records)} photos ({scenes} scenes, {len(records) - scenes} objects) in {out_dir}: "
+               f"train {counts['train']}, val {counts['val']}, test {counts['test']}; {out_dir / 'corpus.json'}")
 
 
 @app.command("search")
