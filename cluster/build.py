@@ -277,7 +277,7 @@ def build_ray(
 def _write_batch(writer: ShardedWriter, batch: dict, report: RayBuildReport, failed: set[int]) -> None:
     """Put a batch's embedded files in the shards, with the single-machine build's rows
     (``indexer.build.image_record``); files that did not decode are reported and their ids kept in ``failed``."""
-    from indexer.build import image_record
+    from indexer.embed import image_record
     from indexer.scan import FileEntry
 
     ok = np.asarray(batch["ok"], dtype=bool)
