@@ -27,14 +27,18 @@ def create(
     scope: Annotated[str, typer.Option("--scope", help="read (search, list, read images) or write (also uploads, "
                                                        "deletes, metadata, jobs, collections).")] = "read",
     name: Annotated[str, typer.Option("--name", help="What the key is for (shown by `regis keys list`).")] = "",
+    collection: Annotated[list[str] | None, typer.Option(
+        "--collection", help="Limit the key to this collection (repeat for several; default: every collection). "
+                             "Give the default collection's name for the routes without /collections/{name}.")] = None,
     file: KeysFile = None,
 ) -> None:
     """Make a key and print it (once: only its hash is stored)."""
     from service.keys import create_key
 
-    key, record = create_key(_file(file), scope, name)
+    key, record = create_key(_file(file), scope, name, collection or None)
     typer.echo(key)
-    typer.echo(f"key {record.id} ({record.scope}) stored in {file}; send it as 'Authorization: Bearer <key>'",
+    where = f", collections {', '.join(record.collections)}" if record.collections else ""
+    typer.echo(f"key {record.id} ({record.scope}{where}) stored in {file}; send it as 'Authorization: Bearer <key>'",
                err=True)
 
 
@@ -45,7 +49,8 @@ def list_(file: KeysFile = None) -> None:
 
     for k in read_keys(_file(file)).keys:
         state = f"revoked {k.revoked_at}" if k.revoked_at else "active"
-        typer.echo(f"{k.id}  {k.scope:5s}  created {k.created_at}  {state}  {k.name}")
+        where = f"  collections {','.join(k.collections)}" if k.collections else ""
+        typer.echo(f"{k.id}  {k.scope:5s}  created {k.created_at}  {state}{where}  {k.name}")
 
 
 @app.command("revoke")

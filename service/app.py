@@ -19,6 +19,7 @@ from service.errors import install_error_handlers
 from service.keys import KeyStore
 from service.limits import JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
+from service.origin import OriginCheckMiddleware
 from service.routes import batch, collections, explain, gallery, health, images, jobs, metrics, search
 from service.schemas import ErrorResponse
 from service.settings import Settings
@@ -162,7 +163,9 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     set_max_concurrent_decodes(settings.max_concurrent_decodes)
     app.state.keys = KeyStore(settings.api_keys_file) if settings.api_keys_file else None
     if app.state.keys is not None:  # inside the metrics middleware: refused requests are counted too
-        app.add_middleware(APIKeyMiddleware, store=app.state.keys)
+        app.add_middleware(APIKeyMiddleware, store=app.state.keys, default_collection=settings.default_collection)
+    else:  # no key to forge: refuse writes a page of another site makes a browser send (service.origin)
+        app.add_middleware(OriginCheckMiddleware, allowed=settings.cors_origins)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -7,7 +7,12 @@ hash is enough (nothing to brute-force), and a leaked file grants nothing. The s
 it changes (checked on each request by its inode, size and mtime), so a revoked key stops working at once.
 
 Clients send ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``. Read keys may search, list and read
-images; write keys may also upload, delete, patch metadata, run jobs and change collections.
+images; write keys may also upload, delete, patch metadata, run jobs and change collections. A key made with
+``--collection NAME`` (one or more) is limited to those collections (``KeyRecord.allows``).
+
+A keys file that cannot be read or parsed (half-written by hand, say) never fails requests with a 500: the
+service keeps the keys it last read and logs the problem; before any good read every request answers 503
+``keys_unavailable`` (``KeysUnavailableError``).
 """
 
 from __future__ import annotations
@@ -15,20 +20,27 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from regis.errors import ConfigError
+from regis.indexes.collections import NAME_PATTERN
 from regis.indexes.layout import write_json_atomic
 
 Scope = Literal["read", "write"]
 PREFIX = "regis_"
+log = logging.getLogger("regis.service")
+
+
+class KeysUnavailableError(ConfigError):
+    """The keys file has never been read successfully by this process (no key can be checked)."""
 
 
 class KeyRecord(BaseModel):
@@ -40,6 +52,16 @@ class KeyRecord(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     created_at: str
     revoked_at: str | None = None
+    collections: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = None
+
+    def allows(self, collection: str) -> bool:
+        """Whether this key may use collection ``collection`` (keys without ``collections`` may use every one)."""
+        return self.collections is None or collection in self.collections
+
+    @property
+    def restricted(self) -> bool:
+        """Whether the key is limited to named collections."""
+        return self.collections is not None
 
 
 class KeyFile(BaseModel):
@@ -63,32 +85,46 @@ def read_keys(path: Path) -> KeyFile:
         ConfigError: unreadable or invalid file (the message names it).
     """
     try:
-        raw = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         return KeyFile()
     except OSError as exc:
         raise ConfigError(f"cannot read the API keys file {path}: {exc.strerror}") from None
     try:
         return KeyFile.model_validate(json.loads(raw))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ConfigError(f"{path} is not a valid API keys file") from None
 
 
-def create_key(path: Path, scope: Scope, name: str = "") -> tuple[str, KeyRecord]:
+def create_key(path: Path, scope: Scope, name: str = "",
+               collections: list[str] | None = None) -> tuple[str, KeyRecord]:
     """Make a key, store its hash; returns (the key, shown only now, its record).
 
+    Args:
+        path: the keys file.
+        scope: "read" or "write".
+        name: what the key is for.
+        collections: the collections the key may use (None: every one; ``KeyRecord.allows``).
+
     Raises:
-        ConfigError: a bad scope or keys file.
+        ConfigError: a bad scope, collection name or keys file.
     """
+    from regis.indexes.collections import check_name
+
     if scope not in ("read", "write"):
         raise ConfigError(f"scope must be 'read' or 'write', got {scope!r}")
+    if collections is not None:
+        if not collections:
+            raise ConfigError("a key limited to collections needs at least one collection name")
+        collections = sorted({check_name(c) for c in collections})
     keys = read_keys(path)
     taken = {k.id for k in keys.keys}
     key_id = secrets.token_hex(4)
     while key_id in taken:
         key_id = secrets.token_hex(4)
     key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    record = KeyRecord(id=key_id, name=name, scope=scope, sha256=_hash(key), created_at=_now())
+    record = KeyRecord(id=key_id, name=name, scope=scope, sha256=_hash(key), created_at=_now(),
+                       collections=collections)
     keys.keys.append(record)
     _write(path, keys)
     return key, record
@@ -128,23 +164,41 @@ class KeyStore:
         self.path = Path(path)
         self._stamp: tuple | None = None
         self._by_hash: dict[str, KeyRecord] = {}
+        self._loaded = False  # a good read happened (a missing file counts: no keys)
         self._lock = threading.Lock()
 
     def _load(self) -> None:
         try:
             st = self.path.stat()
-            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            stamp: tuple = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
-            stamp = None
-        if stamp == self._stamp and (stamp is not None or not self._by_hash):
+            stamp = ("missing",)
+        except OSError:
+            stamp = ("unreadable",)
+        if stamp == self._stamp:
+            if not self._loaded:
+                raise KeysUnavailableError("the API keys file cannot be read")
             return
         with self._lock:
-            keys = read_keys(self.path) if stamp is not None else KeyFile()
+            try:
+                keys = read_keys(self.path)  # a missing file: no keys
+            except ConfigError as exc:  # half-written, invalid or unreadable: keep the keys read last
+                self._stamp = stamp  # read again when the file changes, not on every request
+                log.error("%s; %s", exc, "keeping the keys read before" if self._loaded else
+                          "every request is refused (503) until it can be read")
+                if not self._loaded:
+                    raise KeysUnavailableError("the API keys file cannot be read") from None
+                return
             self._by_hash = {k.sha256: k for k in keys.keys if k.revoked_at is None}
             self._stamp = stamp
+            self._loaded = True
 
     def check(self, key: str | None) -> KeyRecord | None:
-        """The live record of ``key``, None for a missing, unknown or revoked key (constant-time compare)."""
+        """The live record of ``key``, None for a missing, unknown or revoked key (constant-time compare).
+
+        Raises:
+            KeysUnavailableError: the keys file has never been read (it is unreadable or invalid).
+        """
         if not key or not key.startswith(PREFIX) or len(key) > 200:
             return None
         self._load()

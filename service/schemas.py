@@ -61,12 +61,12 @@ class SearchResponse(BaseModel):
 
 
 class Health(BaseModel):
-    """Liveness and what is being served."""
+    """Liveness and what is being served (the last three only with keys off or a valid key)."""
 
     status: str
-    index_version: int | None
-    images: int | None
-    backbone: str | None
+    index_version: int | None = None
+    images: int | None = None
+    backbone: str | None = None
 
 
 class ErrorDetail(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from regis.indexes.collections import CollectionConfig
@@ -29,9 +29,13 @@ Registry = Annotated[CollectionRegistry, Depends(_registry)]
 
 
 @router.get("", response_model=CollectionList, responses=_ERRORS)
-async def list_collections(registry: Registry) -> dict:
-    """Every collection: name, images, index version, backbone, whether it is loaded."""
-    names = await run_in_threadpool(registry.names)
+async def list_collections(request: Request, registry: Registry) -> dict:
+    """Every collection: name, images, index version, backbone, whether it is loaded (with a key limited to
+    collections: those only)."""
+    from service.auth import request_key
+
+    key = request_key(request)
+    names = [n for n in await run_in_threadpool(registry.names) if key is None or key.allows(n)]
     return {"collections": [await run_in_threadpool(registry.describe, n) for n in names]}
 
 

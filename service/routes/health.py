@@ -13,10 +13,14 @@ from service.schemas import Health, Readiness
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, response_model_exclude_unset=True)
 async def healthz(request: Request) -> dict:
-    """Liveness: the process answers; says which index version is served. Runs on the event loop (no
-    blocking call in it), so busy worker threads never delay the container's healthcheck."""
+    """Liveness: the process answers. Where API keys are on, a request without a valid key gets only
+    ``{"status": "ok"}``; with one (or with keys off) it also says which index version is served, its image count
+    and backbone. Runs on the event loop (no blocking call in it), so busy worker threads never delay the
+    container's healthcheck."""
+    if not _may_see_details(request):
+        return {"status": "ok"}
     live = get_live(request)
     engine = live.engine if live is not None else None
     if engine is None:
@@ -25,6 +29,20 @@ async def healthz(request: Request) -> dict:
     return {
         "status": "ok", "index_version": snap.version, "images": len(snap), "backbone": snap.manifest.encoder.backbone,
     }
+
+
+def _may_see_details(request: Request) -> bool:
+    """Keys off, or a valid key presented (a keys file that cannot be read shows nothing)."""
+    from service.auth import presented_key
+    from service.keys import KeysUnavailableError
+
+    store = getattr(request.app.state, "keys", None)
+    if store is None:
+        return True
+    try:
+        return store.check(presented_key(request.headers)) is not None
+    except KeysUnavailableError:
+        return False
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
