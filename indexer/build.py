@@ -20,6 +20,7 @@ from indexer.metadata import FACTS_KEY, read_sidecar
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from regis.errors import ConfigError
 from regis.indexes.table import ImageRecord
+from regis.indexes.thumbnails import remove_thumbnails
 from regis.indexes.uploads import UPLOADS_PREFIX, is_upload_path
 from regis.indexes.writer import IndexWriter
 from regis.models.encoder import RegisEncoder
@@ -253,6 +254,8 @@ def build_index(
         manifest = writer.commit({**report.to_json(), **job_record(options.job_id)})
         report.write_s = time.perf_counter() - t0
         report.version = manifest.version if manifest else None
+    if manifest is not None:  # the thumbnails of files gone or changed (regis.indexes.thumbnails)
+        remove_thumbnails(index_path, [r.sha256 for r in bp.plan.deleted] + [r.sha256 for _, r in bp.changed])
     report.total_s = time.perf_counter() - t_total
     return report
 

@@ -21,6 +21,7 @@ from indexer.scan import FileEntry
 from indexer.writers import open_live_writer, open_writer
 from regis.faults import crash_point
 from regis.indexes.table import ImageRecord
+from regis.indexes.thumbnails import remove_thumbnails
 from regis.indexes.uploads import is_upload_path, place_upload, upload_file, uploads_lock
 from regis.models.encoder import RegisEncoder
 
@@ -196,4 +197,6 @@ def delete_images(
                     upload_file(uploads_dir, rec.path).unlink(missing_ok=True)
                 except OSError as exc:  # the index is already right; a stale file is only disk space
                     log.warning("could not remove the file of deleted upload %s: %s", rec.path, exc)
+    if report.version is not None:
+        remove_thumbnails(index_dir, [rec.sha256 for rec in records.values()])
     return report

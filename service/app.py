@@ -17,7 +17,7 @@ from service.deps import collection_path, reject_unknown_query_params
 from service.docs import install_docs
 from service.errors import install_error_handlers
 from service.keys import KeyStore
-from service.limits import JSONTooLargeMiddleware, body_limits
+from service.limits import FormLimitMiddleware, JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
 from service.origin import OriginCheckMiddleware
 from service.routes import batch, collections, explain, gallery, health, images, jobs, metrics, search
@@ -162,6 +162,9 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     app.state.metrics = Metrics()
     set_max_concurrent_decodes(settings.max_concurrent_decodes)
     app.state.keys = KeyStore(settings.api_keys_file) if settings.api_keys_file else None
+    # innermost: forms are counted while the route reads them (service.limits)
+    app.add_middleware(FormLimitMiddleware, max_files=settings.max_upload_files,
+                       max_file_bytes=settings.max_upload_bytes)
     if app.state.keys is not None:  # inside the metrics middleware: refused requests are counted too
         app.add_middleware(APIKeyMiddleware, store=app.state.keys, default_collection=settings.default_collection)
     else:  # no key to forge: refuse writes a page of another site makes a browser send (service.origin)

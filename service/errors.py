@@ -107,8 +107,8 @@ def install_error_handlers(app: FastAPI) -> None:
             # FastAPI's answer to a JSON body that does not parse: a request error like any other (422).
             return JSONResponse(error_body("invalid_request", "the request body is not valid JSON"),
                                 status_code=422)
-        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(exc.status_code,
-                                                                                        "http_error")
+        code = getattr(exc, "code", None) or {404: "not_found", 405: "method_not_allowed",
+                                              413: "payload_too_large"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:  # RFC 9110: say every method the path allows, not only the first route's
             headers["Allow"] = allowed_methods(request)

@@ -45,6 +45,8 @@ class Settings(BaseSettings):
             and falls back (onnx -> torch -> the encoder) with a warning when it differs or cannot be made.
         max_concurrent_decodes: image decodes running at once (uploads and searches); the others wait, so the
             memory of decoding images at the pixel limit stays bounded.
+        thumbnail_cache_bytes: disk budget of each index's thumbnail cache, bytes (REGIS_THUMBNAIL_CACHE_BYTES;
+            least recently used thumbnails are removed past it; 0: nothing cached). ``regis.indexes.thumbnails``.
         keep_alive_s: how long ``regis serve`` keeps an idle HTTP/1.1 connection open, seconds (REGIS_KEEP_ALIVE_S;
             uvicorn's ``timeout_keep_alive``). It must outlast the idle timeout of every client and proxy in front
             (httpx 5 s, nginx upstream and load balancers 60 s): then the client always closes an idle connection
@@ -102,6 +104,7 @@ class Settings(BaseSettings):
     query_threads: int | None = Field(default=None, ge=1)
     max_concurrent_decodes: int = Field(default=2, ge=1, le=64)
     keep_alive_s: float = Field(default=75.0, ge=1, le=3600)
+    thumbnail_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     # jobs, uploads and live updates
     enable_jobs: bool = False
     redis_url: RedisURL | None = None

@@ -1,18 +1,20 @@
-"""Thumbnails: a small JPEG / WebP of an indexed image, made once and cached on disk by content (SHA-256, size,
-format): ``INDEX_DIR/thumbnails/ab/<sha256>-<size>.<ext>``. The same bytes give the same thumbnail in every index
-version, so the cache needs no invalidation; a changed file has another SHA-256."""
+"""Thumbnails: a small JPEG / WebP of an indexed image, made on demand and cached on disk by content, in a few
+fixed sizes and within a byte budget (``regis.indexes.thumbnails``: layout, sizes, LRU eviction, clean-up on
+delete). The same bytes give the same thumbnail in every index version, so the cache needs no invalidation; a
+changed file has another SHA-256."""
 
 from __future__ import annotations
 
 import io
+import threading
 from pathlib import Path
 
 from regis.images.decode import decode_image
-from regis.indexes.layout import write_bytes_atomic
+from regis.indexes.thumbnails import CACHE_DIR, SIZES, ThumbnailCache, cache_path, cache_size
 
-CACHE_DIR = "thumbnails"
 CACHE_CONTROL = "private, max-age=86400"
-_EXT = {"jpeg": "jpg", "webp": "webp"}
+_caches: dict[tuple[Path, int], ThumbnailCache] = {}
+_caches_lock = threading.Lock()
 
 
 def etag(sha256: str, size: int, fmt: str) -> str:
@@ -20,28 +22,34 @@ def etag(sha256: str, size: int, fmt: str) -> str:
     return f'"{sha256[:32]}-{size}-{fmt}"'
 
 
-def thumbnail(source: Path, sha256: str, size: int, fmt: str, cache_dir: Path, max_pixels: int) -> bytes:
-    """The thumbnail's bytes (longest side ``size`` px, never enlarged), from the cache or made and cached.
+def cache_for(index_dir: Path, max_bytes: int) -> ThumbnailCache:
+    """The process's thumbnail cache of an index directory (one per folder and budget, made on first use)."""
+    key = (Path(index_dir) / CACHE_DIR, max_bytes)
+    with _caches_lock:
+        cache = _caches.get(key)
+        if cache is None:
+            cache = _caches[key] = ThumbnailCache(key[0], max_bytes)
+        return cache
+
+
+def thumbnail(source: Path, sha256: str, size: int, fmt: str, cache: ThumbnailCache, max_pixels: int) -> bytes:
+    """The thumbnail's bytes (longest side ``size`` px, one of ``SIZES``, never enlarged), from the cache or made
+    and cached.
 
     Raises:
         ImageDecodeError: the source no longer decodes.
     """
-    cached = cache_dir / sha256[:2] / f"{sha256}-{size}.{_EXT[fmt]}"
-    try:
-        return cached.read_bytes()
-    except FileNotFoundError:
-        pass
+    cached = cache_path(cache.folder, sha256, size, fmt)
+    data = cache.get(cached)
+    if data is not None:
+        return data
     image = decode_image(source, max_pixels=max_pixels, draft_size=size).image
     image.thumbnail((size, size))
     buf = io.BytesIO()
     image.save(buf, format="JPEG" if fmt == "jpeg" else "WEBP", quality=82)
     data = buf.getvalue()
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(cached, data)
-    except OSError:  # a read-only index folder: serve it uncached
-        pass
+    cache.put(cached, data)
     return data
 
 
-__all__ = ["CACHE_CONTROL", "CACHE_DIR", "etag", "thumbnail"]
+__all__ = ["CACHE_CONTROL", "CACHE_DIR", "SIZES", "cache_for", "cache_size", "etag", "thumbnail"]

@@ -118,20 +118,24 @@ async def thumbnail(
     image_id: ImageId,
     engine: Annotated[QueryEngine, Depends(get_engine)],
     settings: Annotated[Settings, Depends(get_settings)],
-    size: Annotated[int, Query(ge=16, le=1024, description="longest side, pixels")] = 256,
+    size: Annotated[int, Query(ge=16, le=1024, description="longest side, pixels, rounded up to one of 64, 128, "
+                                                           "256, 512, 1024")] = 256,
     format: Annotated[Literal["jpeg", "webp"], Query(description="image format")] = "jpeg",
 ) -> Response:
-    """A small copy of an image (longest side ``size`` px), made once and cached on disk by content; ``ETag``
-    and ``Cache-Control`` let browsers keep it (``If-None-Match`` -> 304)."""
+    """A small copy of an image (longest side ``size`` px, rounded up to one of 64, 128, 256, 512 and 1024),
+    made once and cached on disk by content within REGIS_THUMBNAIL_CACHE_BYTES (least recently used go first;
+    an image's thumbnails go with it); ``ETag`` and ``Cache-Control`` let browsers keep it (``If-None-Match``
+    -> 304)."""
     rec = await run_in_threadpool(engine.snapshot.table.get, image_id)  # a table read (or a remote shard call)
     if rec is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id}")
+    size = thumbnails.cache_size(size)
     etag = thumbnails.etag(rec.sha256, size, format)
     headers = {"ETag": etag, "Cache-Control": thumbnails.CACHE_CONTROL}
     if etag in (request.headers.get("if-none-match") or ""):
         return Response(status_code=304, headers=headers)
     source = await run_in_threadpool(image_path, engine, settings, image_id)
-    cache_dir = settings.index_dir / thumbnails.CACHE_DIR
-    data = await run_in_threadpool(thumbnails.thumbnail, source, rec.sha256, size, format, cache_dir,
+    cache = thumbnails.cache_for(settings.index_dir, settings.thumbnail_cache_bytes)
+    data = await run_in_threadpool(thumbnails.thumbnail, source, rec.sha256, size, format, cache,
                                    settings.max_pixels)
     return Response(data, media_type=f"image/{format}", headers=headers)
