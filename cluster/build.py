@@ -161,18 +161,21 @@ def _embed_chunk(jobs: list[dict], encoder: RegisEncoder, settings: RaySettings,
     """The Ray Data pipeline of one chunk; yields numpy batches with "tokens"."""
     import ray
 
+    from cluster.resources import build_cpus, cluster_cpus
+
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
     gpu = settings.encoder_num_gpus > 0
+    encoder_cpus, decode_cpus = build_cpus(settings, cluster_cpus()[0])
     config_json = encoder.config.model_dump_json()
     ds = ray.data.from_items(jobs, override_num_blocks=max(1, len(jobs) // settings.build_batch_size))
     ds = ds.map_batches(decode_batch, batch_size=settings.build_batch_size, batch_format="numpy",
-                        num_cpus=settings.build_decode_cpus,
+                        num_cpus=decode_cpus,
                         fn_kwargs={"config_json": config_json, "max_pixels": max_pixels, "draft": draft})
     ds = ds.map_batches(Encode, batch_size=settings.build_batch_size, batch_format="numpy",
                         concurrency=settings.build_encoder_actors,
-                        num_cpus=0 if gpu else settings.encoder_num_cpus,
+                        num_cpus=0 if gpu else encoder_cpus,
                         num_gpus=settings.encoder_num_gpus if gpu else None,
                         fn_constructor_kwargs={"config_json": config_json,
                                                "weights_json": encoder.weights_info.model_dump_json(),
@@ -197,7 +200,8 @@ def build_ray(
     on_event: Callable[[dict], None] | None = None,
 ) -> RayBuildReport:
     """Create or incrementally update the sharded collection ``collection`` from the images below ``images_dir``
-    with Ray Data (connects with ``settings.address`` unless Ray is already initialised).
+    with Ray Data, on the Ray cluster this process is connected to (``cluster.connect.RayConnection``; a process
+    that is not connected joins ``settings.address`` as ``ray.init`` does, without starting a local cluster).
 
     Args:
         images_dir: the folder to index (walked recursively).

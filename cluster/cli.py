@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -11,10 +12,16 @@ from regis.errors import ConfigError
 
 
 def _require_ray() -> None:
-    try:
-        import ray  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("--ray needs Ray: pip install 'regis[ray]'") from exc
+    """Raises ConfigError when Ray is not installed (without importing it: ``cluster.connect`` may have to set
+    Ray's environment first)."""
+    spec = importlib.util.find_spec("ray")  # (find_spec("ray.serve") would import ray)
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not any((Path(p) / "serve").is_dir() for p in places):
+        raise ConfigError("--ray needs Ray with Serve and Data: pip install 'regis[ray]'")
+
+
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def serve_ray(service, host: str, port: int, weights: str | None) -> None:
@@ -28,17 +35,22 @@ def serve_ray(service, host: str, port: int, weights: str | None) -> None:
 
     read_layout(service.index_dir)  # a clear error before Ray starts
     _require_ray()
-    from cluster.serve import serve_forever
+    from cluster.connect import RayConnection
     from cluster.settings import RaySettings
 
-    serve_forever(service.index_dir, service, RaySettings(http_host=host, http_port=port), weights)
+    settings = RaySettings(http_host=host, http_port=port)
+    with RayConnection(settings, say=_say) as connection:
+        from cluster.serve import serve_forever  # imports ray: after the connection set its environment
+
+        serve_forever(service.index_dir, service, settings, weights, say=_say,
+                      delete_app=connection.cluster is None)  # a local cluster stops as a whole
 
 
 def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encoder_options: dict,
                   index_options: dict, batch_size: int, as_json: bool) -> None:
     """``regis index build --ray``: build or update a sharded collection with Ray Data and print the report."""
     _require_ray()
-    from cluster.build import build_ray
+    from cluster.connect import RayConnection
     from cluster.settings import RaySettings
     from regis.index_encoder import encoder_for
     from regis.sharding.layout import is_sharded, read_layout, shard_dir
@@ -49,8 +61,11 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     encoder = encoder_for(existing, o["backbone"], o["weights"], o["random_init"], o["roi_size"], o["cue_method"],
                           o["device"], o.get("roi_image_size"))
     settings = RaySettings(build_batch_size=batch_size)
-    report = build_ray(images_dir, collection, encoder, num_shards, settings,
-                       weights=str(o["weights"]) if o["weights"] else None, **index_options)
+    with RayConnection(settings, say=_say):
+        from cluster.build import build_ray
+
+        report = build_ray(images_dir, collection, encoder, num_shards, settings,
+                           weights=str(o["weights"]) if o["weights"] else None, **index_options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
         return

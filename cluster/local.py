@@ -1,9 +1,19 @@
-"""A local Ray cluster (``ray start --head`` plus worker nodes on this machine) with bounded resources, for tests,
-benchmarks and trying ``--ray`` on a laptop.
+"""A local Ray cluster (``ray start --head`` plus worker nodes on this machine) with bounded resources: what
+``--ray`` starts when there is no cluster to join (``cluster.connect``), and the cluster of tests and benchmarks.
 
 Each node is a ``ray start --block`` process in a session of its own, with the cluster's own temporary folder
-(so it never becomes the machine's "auto" cluster); ``stop`` ends exactly those process groups (SIGTERM, then
-SIGKILL for what is left), never other Ray processes of the machine (no ``ray stop``).
+(so it never becomes the machine's "auto" cluster) and its own free ports (two clusters on one machine never
+collide on Ray's fixed defaults: client server 10001, dashboard agent 52365, ...); ``stop`` ends exactly those
+process groups (SIGTERM, which ``ray start --block`` answers by stopping its raylet, GCS and workers; then
+SIGKILL for what is left), never other Ray processes of the machine (no ``ray stop``). Each node also gets
+SIGTERM from the kernel when the thread that started it dies (Linux ``PR_SET_PDEATHSIG``), so a process killed
+without clean-up (SIGKILL) leaves no Ray node behind either.
+
+``loopback=True`` (one node): every server of the node listens on 127.0.0.1 only. Ray binds its GCS, raylet
+and agents to 127.0.0.1 when the node's IP is the loopback address, which Ray uses when multi-node clusters are
+off for the node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, Ray's switch for laptops); with multi-node clusters
+on, Ray replaces 127.0.0.1 by the machine's address and listens on every interface (the worker nodes of a
+multi-node cluster need that).
 
 Usage::
 
@@ -14,6 +24,7 @@ Usage::
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -25,6 +36,25 @@ import time
 from pathlib import Path
 
 from regis.errors import ConfigError
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (read when ray is imported)
+_PR_SET_PDEATHSIG = 1
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: a container's or taskset's share), at least 1."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn`` of a node: SIGTERM when the thread that started it dies (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _free_port() -> int:
@@ -48,7 +78,7 @@ def _port_open(port: int) -> bool:
 
 
 class LocalRayCluster:
-    """A head node and ``workers`` worker nodes on 127.0.0.1.
+    """A head node and ``workers`` worker nodes on this machine.
 
     Args:
         head_cpus, worker_cpus: logical CPUs each node offers to Ray (bounds what runs at once).
@@ -56,11 +86,20 @@ class LocalRayCluster:
         object_store_bytes: object store per node, bytes.
         env: environment of the nodes (default: this process's; workers inherit it, e.g. PYTHONPATH).
         timeout_s: how long each node may take to start, seconds.
+        loopback: every server listens on 127.0.0.1 only (one node; see the module docstring). A driver joins
+            it from a process whose ``ray`` was imported with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+            (``cluster.connect`` sees to it).
+
+    Raises:
+        ConfigError: ``loopback`` with worker nodes.
     """
 
     def __init__(self, head_cpus: float = 1, worker_cpus: float = 1, workers: int = 1,
-                 object_store_bytes: int = 200 * 1024 * 1024, env: dict | None = None, timeout_s: float = 180):
-        self.head_cpus, self.worker_cpus, self.workers = head_cpus, worker_cpus, workers
+                 object_store_bytes: int = 200 * 1024 * 1024, env: dict | None = None, timeout_s: float = 180,
+                 loopback: bool = False):
+        if loopback and workers:
+            raise ConfigError("a loopback Ray cluster has one node: Ray listens on every interface once nodes join")
+        self.head_cpus, self.worker_cpus, self.workers, self.loopback = head_cpus, worker_cpus, workers, loopback
         self.object_store_bytes = object_store_bytes
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -78,10 +117,15 @@ class LocalRayCluster:
 
     def _node(self, *args: str) -> subprocess.Popen:
         log = open(Path(self.temp_dir) / f"node-{len(self.nodes)}.log", "wb")  # noqa: SIM115 (kept by the process)
-        proc = subprocess.Popen([_ray_cli(), "start", "--block", "--node-ip-address", "127.0.0.1",
-                                 "--num-gpus", "0", "--object-store-memory", str(self.object_store_bytes),
-                                 "--disable-usage-stats", *args],
-                                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        ports = [f"--{name}={_free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                          "metrics-export-port", "runtime-env-agent-port")]
+        env = {**self.env, LOOPBACK_ENV: "0"} if self.loopback else self.env
+        ip = [] if self.loopback else ["--node-ip-address", "127.0.0.1"]  # (Ray resolves it to the machine's IP)
+        proc = subprocess.Popen([_ray_cli(), "start", "--block", *ip, "--num-gpus", "0",
+                                 "--object-store-memory", str(self.object_store_bytes), "--disable-usage-stats",
+                                 *ports, *args],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         log.close()
         self.nodes.append(proc)
         return proc
@@ -106,7 +150,8 @@ class LocalRayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="regis-ray-")  # short: Ray's socket paths must stay < 108 bytes
         try:
             head = self._node("--head", "--port", str(self.port), "--num-cpus", str(self.head_cpus),
-                              "--include-dashboard", "false", "--temp-dir", self.temp_dir)
+                              "--include-dashboard", "false", "--temp-dir", self.temp_dir,
+                              f"--ray-client-server-port={_free_port()}")
             self._wait(head, lambda: _port_open(self.port), "the Ray head node")
             for i in range(self.workers):
                 worker = self._node("--address", self.address, "--num-cpus", str(self.worker_cpus))

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from ray import serve
 
+from cluster.resources import FULL_SHARE
 from cluster.settings import RaySettings
 from regis.errors import ConfigError, EncoderUnavailableError, ShardsUnavailableError
 from regis.sharding.engine import READ_ONLY, LiveShard, ShardedQueryEngine
@@ -49,6 +50,33 @@ from service.settings import Settings
 log = logging.getLogger("regis.cluster")
 # what ``Shard.call`` runs besides search
 SHARD_METHODS = frozenset({"records", "select", "tokens", "info", "explain", "stored_image"})
+
+
+def _replica_on_loopback() -> None:
+    """In a replica of a loopback cluster (``cluster.local``: every Ray server on 127.0.0.1), bind Ray Serve's
+    inter-deployment gRPC server to 127.0.0.1 as well: Ray Serve 2.60 binds it to "[::]:0" (every interface) in
+    ``Replica._on_initialized``, with no setting, although a one-node cluster reaches it on 127.0.0.1. Called
+    first in each deployment's constructor (before ``_on_initialized``); elsewhere, or on a Ray without that
+    function, it does nothing."""
+    import os
+
+    from cluster.local import LOOPBACK_ENV
+
+    if os.environ.get(LOOPBACK_ENV) != "0":
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "regis_loopback", False):
+        return
+
+    def on_loopback(server, address: str):
+        return bind(server, address.replace("[::]", "127.0.0.1", 1))
+
+    on_loopback.regis_loopback = True
+    replica.add_port_to_grpc_server = on_loopback
 
 
 def _wrapped(fn, *args):
@@ -79,6 +107,7 @@ class Encoder:
         from regis.models.encoder import encoder_from_manifest
         from regis.models.inference import inference_copy
 
+        _replica_on_loopback()
         m = collection_manifest(collection)
         device = "cuda" if settings.encoder_num_gpus > 0 and torch.cuda.is_available() else "cpu"
         # the encoder itself encodes explained queries (buddy patches, patch tokens: as `regis serve`);
@@ -129,6 +158,7 @@ class Shard:
     """
 
     def __init__(self, collection: str, shard: int, settings: RaySettings):
+        _replica_on_loopback()
         self.live = LiveShard(collection, shard)
         self.search.set_max_batch_size(settings.max_batch_size)
         self.search.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
@@ -266,11 +296,12 @@ def _ray_live(service: Settings, engine: ShardedQueryEngine):
             self.engine, self.encoder = engine, engine.encoder
 
         def readiness(self) -> dict:
-            """{"shards": "ok"} when every shard answers its info call, else which do not."""
-            try:
-                self.engine.refresh(required=True)
-            except ShardsUnavailableError as exc:
-                return {"shards": str(exc)}
+            """{"shards": "ok"} when every shard answers its info call now, else which do not (the engine's
+            shard states and image counts are refreshed on the way: /readyz reports them)."""
+            self.engine.refresh()
+            missing = [i["shard"] for i in self.engine.infos if i["state"] != "ok"]
+            if missing:
+                return {"shards": f"shards {missing} of {self.engine.num_shards} did not answer"}
             return {"shards": "ok"}
 
         def close(self) -> None:
@@ -320,6 +351,7 @@ class Ingress:
     """
 
     def __init__(self, service: Settings, settings: RaySettings, encoder, *shards):
+        _replica_on_loopback()
         num_shards = read_layout(service.index_dir)["num_shards"]
         if num_shards != len(shards):
             raise ValueError(f"{len(shards)} shard deployments for {num_shards} shards")
@@ -334,7 +366,8 @@ class Ingress:
 
 def build_app(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None):
     """The Serve application: ``Ingress`` bound to the encoder and one deployment per shard, each with its
-    replicas, CPUs (GPUs) and ``max_ongoing_requests`` from ``settings`` (never Ray's default of 5 in flight).
+    replicas, CPUs (GPUs) and ``max_ongoing_requests`` from ``settings`` (never Ray's default of 5 in flight; a
+    CPU request left unset: its full share, ``cluster.resources.FULL_SHARE``; ``start`` sizes them first).
 
     Raises:
         IndexFormatError: ``collection`` is not a sharded collection.
@@ -342,18 +375,21 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
     collection = str(Path(collection).resolve())
     layout = read_layout(collection)
     gpus = {"num_gpus": settings.encoder_num_gpus} if settings.encoder_num_gpus else {}
+    cpus = {"encoder": settings.encoder_num_cpus, "shard": settings.shard_num_cpus,
+            "ingress": settings.ingress_num_cpus}
+    cpus = {role: (value if value is not None else FULL_SHARE[role]) for role, value in cpus.items()}
     encoder = Encoder.options(num_replicas=settings.encoder_replicas,
                               max_ongoing_requests=settings.encoder_max_ongoing_requests,
-                              ray_actor_options={"num_cpus": settings.encoder_num_cpus, **gpus}
+                              ray_actor_options={"num_cpus": cpus["encoder"], **gpus}
                               ).bind(collection, settings, weights)
     shards = [Shard.options(name=f"shard-{s:03d}", num_replicas=settings.shard_replicas,
                             max_ongoing_requests=settings.shard_max_ongoing_requests,
-                            ray_actor_options={"num_cpus": settings.shard_num_cpus}).bind(collection, s, settings)
+                            ray_actor_options={"num_cpus": cpus["shard"]}).bind(collection, s, settings)
               for s in range(layout["num_shards"])]
     service = service.model_copy(update={"index_dir": Path(collection)})
     return Ingress.options(num_replicas=settings.ingress_replicas,
                            max_ongoing_requests=settings.ingress_max_ongoing_requests,
-                           ray_actor_options={"num_cpus": settings.ingress_num_cpus}
+                           ray_actor_options={"num_cpus": cpus["ingress"]}
                            ).bind(service, settings, encoder, *shards)
 
 
@@ -365,33 +401,155 @@ def http_options(service: Settings, settings: RaySettings) -> dict:
             "keep_alive_timeout_s": math.ceil(service.keep_alive_s)}
 
 
-def start(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None) -> str:
-    """Connect to Ray (``settings.address``), start Serve's HTTP proxy and deploy the application.
+def start(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None,
+          say=None) -> str:
+    """Deploy the application on the Ray cluster this process is connected to (else ``ray.init`` with
+    ``settings.address``, as Ray does: ``cluster.connect`` starts a local cluster when there is none), with the
+    CPU requests left unset sized from the cluster (``cluster.resources``), and wait until it runs.
+
+    Args:
+        say: prints a line for the user (default: the log).
 
     Returns:
         The base URL of the REST API.
+
+    Raises:
+        ConfigError: a deployment could not be scheduled within ``settings.start_timeout_s`` or failed to start
+            (one line naming the setting to change; ``wait_until_running``).
     """
     import ray
 
-    ray.init(address=settings.address, namespace=settings.namespace, ignore_reinit_error=True,
-             log_to_driver=False)
+    from cluster.resources import cluster_cpus, size_requests, sized_settings
+
+    say = say or log.warning
+    if not ray.is_initialized():
+        ray.init(address=settings.address, namespace=settings.namespace, log_to_driver=False)
+    num_shards = read_layout(collection)["num_shards"]
+    sizing = size_requests(settings, num_shards, *cluster_cpus())
+    settings = sized_settings(settings, sizing)
+    say(f"regis: deploying {num_shards} shard(s) x {settings.shard_replicas} replica(s), "
+        f"{settings.encoder_replicas} encoder(s), {settings.ingress_replicas} ingress: {sizing.describe()}"
+        + ("" if sizing.fits else " (more than the cluster has free: waiting for resources)"))
     serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings))
-    serve.run(build_app(collection, service, settings, weights), name=settings.app_name, route_prefix="/")
+    serve.run_many([serve.RunTarget(build_app(collection, service, settings, weights), name=settings.app_name,
+                                    route_prefix="/")],
+                   wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    wait_until_running(settings.app_name, sizing.cpus, settings.start_timeout_s, say=say)
     return f"http://{settings.http_host}:{settings.http_port}"
 
 
-def serve_forever(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None
-                  ) -> None:
-    """``start``, then block until interrupted; the application is deleted on the way out."""
-    url = start(collection, service, settings, weights)
-    log.warning("regis on Ray Serve: %s (Ctrl-C to stop)", url)
+_ROLE_OF = {"Encoder": "encoder", "Ingress": "ingress"}  # shard-NNN: "shard"
+
+
+def _role(deployment: str) -> str:
+    return _ROLE_OF.get(deployment, "shard")
+
+
+def pending_cpu_demands() -> list[float]:
+    """The CPU requests of the actors and tasks Ray cannot place now (the autoscaler's pending demand, what
+    ``ray status`` lists under "Pending"), one entry per waiting bundle."""
+    import ray
+    from ray.autoscaler.v2.sdk import get_cluster_status
+
+    status = get_cluster_status(ray.get_runtime_context().gcs_address)
+    return [float(r.bundle.get("CPU", 0.0)) for d in status.resource_demands.ray_task_actor_demand
+            for r in d.bundles_by_count for _ in range(r.count)]
+
+
+def unschedulable(deployment: str, cpus: float, free: float, waited_s: float) -> str:
+    """The one line of a deployment whose replicas Ray cannot place."""
+    from cluster.resources import SETTING
+
+    return (f"Ray could not schedule deployment {deployment} within {waited_s:.0f} s (each replica asks for "
+            f"{cpus:g} CPU, the cluster has {free:g} free): lower {SETTING[_role(deployment)]} (or leave it unset: "
+            "regis sizes it from the cluster), run fewer replicas, or add nodes")
+
+
+def _failed(deployment: str, message: str) -> str:
+    """The one line of a deployment that failed to start: its last line of error (not the traceback)."""
+    lines = [ln.strip() for ln in (message or "").splitlines() if ln.strip()]
+    return f"Ray Serve could not start deployment {deployment}: {(lines[-1] if lines else 'no message')[:300]}"
+
+
+def wait_until_running(app_name: str, cpus: dict[str, float], timeout_s: float, poll_s: float = 1.0, say=None,
+                       status=None, pending=None, free=None, clock=time.monotonic, sleep=time.sleep) -> None:
+    """Wait until the Serve application ``app_name`` runs.
+
+    Args:
+        cpus: the CPU request of each role's replicas ("encoder", "shard", "ingress").
+        timeout_s: after this many seconds, a deployment that is not running and whose CPU request is among
+            the demands Ray cannot place (``pending_cpu_demands``) fails the wait. (Ray Serve's own status says
+            "taken more than 30s to be scheduled" also while a replica's worker process is still starting, which
+            on 2 busy cores can take that long: not a resource problem.)
+        say: prints progress lines (every 30 s of waiting).
+        status, pending, free, clock, sleep: ``serve.status``, ``pending_cpu_demands``, the CPUs free
+            (``ray.available_resources``), ``time.monotonic``, ``time.sleep`` (tests replace them).
+
+    Raises:
+        ConfigError: a deployment could not be scheduled in time (``unschedulable``) or failed to start.
+    """
+    import ray
+
+    status = status or serve.status
+    pending = pending or pending_cpu_demands
+    free = free or (lambda: float(ray.available_resources().get("CPU", 0.0)))
+    t0 = said = clock()
+    while True:
+        app = status().applications.get(app_name)
+        waited = clock() - t0
+        if app is not None:
+            if str(app.status).endswith("RUNNING"):
+                return
+            for name, d in app.deployments.items():
+                if str(d.status).endswith("DEPLOY_FAILED"):
+                    raise ConfigError(_failed(name, d.message))
+            if str(app.status).endswith("DEPLOY_FAILED"):
+                raise ConfigError(_failed(app_name, app.message))
+            waiting = sorted(n for n, d in app.deployments.items() if not str(d.status).endswith("HEALTHY"))
+            if waited >= timeout_s and waiting:
+                demands = pending()
+                for name in waiting:
+                    need = cpus[_role(name)]
+                    if any(abs(need - d) < 1e-6 for d in demands):
+                        raise ConfigError(unschedulable(name, need, round(free(), 4), waited))
+            if say is not None and clock() - said >= 30:
+                said = clock()
+                say(f"regis: still starting after {waited:.0f} s: {', '.join(waiting) or app_name}")
+        sleep(poll_s)
+
+
+def serve_forever(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None,
+                  say=None, delete_app: bool = True) -> None:
+    """``start``, print where it serves, then block until SIGINT (Ctrl-C) or SIGTERM.
+
+    Args:
+        delete_app: delete the application on the way out (a cluster that was joined keeps running); False when
+            the whole cluster stops with the command (``cluster.connect``'s local cluster), which ends it anyway.
+    """
+    import signal
+
+    say = say or log.warning
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
+        url = start(collection, service, settings, weights, say=say)
+        say(f"regis on Ray Serve: {url} (Ctrl-C to stop)")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        pass
+        say("regis: stopping")
     finally:
-        serve.delete(settings.app_name)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up is not interrupted by a second SIGTERM
+        try:
+            if delete_app:
+                serve.delete(settings.app_name)
+        except Exception:  # the cluster may be gone already
+            log.warning("could not delete the Serve application %s", settings.app_name)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def app_from_args(args: dict):

@@ -13,8 +13,9 @@ class RaySettings(BaseSettings):
     """Configuration of ``regis serve --ray`` and ``regis index build --ray``.
 
     Attributes:
-        address: the Ray cluster to join ("auto": the one started with ``ray start`` on this machine; empty or
-            None: a fresh local Ray started by this process).
+        address: the Ray cluster to join ("auto": ``RAY_ADDRESS``, else the one ``ray start --head`` runs on this
+            machine, else a new local cluster on 127.0.0.1 that stops with the command; empty or None: always a
+            new local cluster; ``cluster.connect``).
         namespace: Ray namespace of the application.
         http_host, http_port: where Ray Serve's HTTP proxy listens.
         proxy_location: "EveryNode" (a proxy on every node: put a load balancer in front), "HeadOnly" (one
@@ -22,11 +23,14 @@ class RaySettings(BaseSettings):
         app_name: the Serve application name (one per collection).
         encoder_replicas: encoder deployment replicas.
         encoder_num_cpus, encoder_num_gpus: resources per encoder replica (GPU > 0 encodes on CUDA in bf16).
+            ``encoder_num_cpus``, ``shard_num_cpus``, ``ingress_num_cpus`` unset (None): sized from the cluster's
+            CPUs so that every replica is scheduled (``cluster.resources``: 1, 0.5 and 0.25 where they fit, less
+            on a small machine); ``regis index build --ray``: 1 CPU per encoder actor where it fits.
         max_batch_size: ``@serve.batch``: images per encoder forward pass (and queries per shard batch) at most.
         batch_wait_timeout_s: ``@serve.batch``: how long a batch waits for more requests, seconds.
         shard_replicas: replicas of each shard deployment.
-        shard_num_cpus: CPUs per shard replica.
-        ingress_replicas, ingress_num_cpus: the REST ingress.
+        shard_num_cpus: CPUs per shard replica (None: sized, see above).
+        ingress_replicas, ingress_num_cpus: the REST ingress (None: sized, see above).
         ingress_max_ongoing_requests, encoder_max_ongoing_requests, shard_max_ongoing_requests: Ray Serve's
             ``max_ongoing_requests`` of each replica of the ingress, the encoder and each shard deployment: requests
             a replica runs at once; more wait in front of it in Ray's proxy / request router, which then retries
@@ -44,7 +48,10 @@ class RaySettings(BaseSettings):
             ``missing_shards``.
         build_batch_size: ``index build --ray``: images per encoder batch (Ray Data ``map_batches``).
         build_encoder_actors: encoder actors of a build.
-        build_decode_cpus: CPUs per decode task of a build.
+        build_decode_cpus: CPUs per decode task of a build (None: 1, or half the cluster's CPUs when it has fewer
+            than 2).
+        start_timeout_s: ``regis serve --ray``: a deployment whose replicas cannot be scheduled for this long fails
+            the command with one line naming the setting to change, seconds.
         build_checkpoint_images: a build commits every shard after this many images (a killed build resumes
             from its last commit).
     """
@@ -58,14 +65,14 @@ class RaySettings(BaseSettings):
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = "EveryNode"
     app_name: str = Field(default="regis", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     encoder_replicas: int = Field(default=1, ge=1, le=1024)
-    encoder_num_cpus: float = Field(default=1.0, ge=0, le=256)
+    encoder_num_cpus: float | None = Field(default=None, ge=0, le=256)
     encoder_num_gpus: float = Field(default=0.0, ge=0, le=16)
     max_batch_size: int = Field(default=16, ge=1, le=1024)
     batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
     shard_replicas: int = Field(default=1, ge=1, le=1024)
-    shard_num_cpus: float = Field(default=0.5, ge=0, le=256)
+    shard_num_cpus: float | None = Field(default=None, ge=0, le=256)
     ingress_replicas: int = Field(default=1, ge=1, le=1024)
-    ingress_num_cpus: float = Field(default=0.25, ge=0, le=256)
+    ingress_num_cpus: float | None = Field(default=None, ge=0, le=256)
     ingress_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     encoder_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     shard_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
@@ -74,13 +81,19 @@ class RaySettings(BaseSettings):
     on_missing_shards: Literal["error", "partial"] = "error"
     build_batch_size: int = Field(default=32, ge=1, le=4096)
     build_encoder_actors: int = Field(default=1, ge=1, le=1024)
-    build_decode_cpus: float = Field(default=1.0, gt=0, le=64)
+    build_decode_cpus: float | None = Field(default=None, gt=0, le=64)
     build_checkpoint_images: int = Field(default=10_000, ge=1)
+    start_timeout_s: float = Field(default=60.0, gt=0, le=3600)
 
     @field_validator("address", mode="before")
     @classmethod
     def _empty_address(cls, v: object) -> object:
-        return v or None  # REGIS_RAY_ADDRESS= (empty): a local Ray of this process
+        return v or None  # REGIS_RAY_ADDRESS= (empty): always a new local cluster (cluster.connect)
+
+    @field_validator("encoder_num_cpus", "shard_num_cpus", "ingress_num_cpus", "build_decode_cpus", mode="before")
+    @classmethod
+    def _empty_is_sized(cls, v: object) -> object:
+        return None if v == "" else v  # REGIS_RAY_SHARD_NUM_CPUS= (empty): sized from the cluster
 
     @model_validator(mode="after")
     def _batches_can_fill(self) -> RaySettings:

@@ -18,6 +18,7 @@ from indexer.embed import BuildOptions, BuildReport, embed_entries
 from indexer.job_record import job_record
 from indexer.metadata import FACTS_KEY, read_sidecar
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
+from indexer.writers import open_writer
 from regis.errors import ConfigError
 from regis.indexes.table import ImageRecord
 from regis.indexes.thumbnails import remove_thumbnails
@@ -156,10 +157,19 @@ def _managed_records(writer: IndexWriter, images_root: str, scope: str, replace:
 
 
 def _indexed_root(index_dir: Path) -> Path | None:
-    """The images root recorded in the live version's manifest (None: no index, or only uploads)."""
+    """The images root recorded in the live version's manifest (a sharded collection's: its first shard's with
+    a version; None: no index, or only uploads)."""
+    from regis.errors import IndexFormatError
     from regis.indexes.layout import VERSIONS_DIR, read_current
     from regis.indexes.manifest import read_manifest
+    from regis.sharding.layout import collection_manifest, is_sharded
 
+    if is_sharded(index_dir):
+        try:
+            root = collection_manifest(index_dir).images_root
+        except IndexFormatError:  # no shard has a version yet
+            return None
+        return Path(root) if root else None
     current = read_current(index_dir) if index_dir.is_dir() else None
     if current is None:
         return None
@@ -186,7 +196,10 @@ def build_index(
     encoder: RegisEncoder,
     options: BuildOptions | None = None,
 ) -> BuildReport:
-    """Create or incrementally update the index in ``index_dir`` from the images below ``images_dir``.
+    """Create or incrementally update the index in ``index_dir`` from the images below ``images_dir``; a sharded
+    collection (``regis.sharding``) is built in this process through its ``CollectionWriter``: the same plan,
+    ids (new files get the next global ids, each stored in its shard ``id % S``), rows and tokens as an
+    unsharded index, published as one collection version (all or nothing for readers).
 
     Uploaded images (table paths under ``.uploads/``, see ``regis.indexes.uploads``) are never touched by a
     build; with ``options.images_root`` set, neither are images of other folders under that root.
@@ -226,7 +239,7 @@ def build_index(
         raise ConfigError(f"image folder {root} is hidden (a name starts with '.'); scans skip hidden folders")
     t_total = time.perf_counter()
     report = BuildReport(images_root=str(base), index_dir=str(index_path))
-    with IndexWriter(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
+    with open_writer(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
                      nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s,
                      token_store=options.token_store, depth=options.depth,
                      candidates=options.candidates) as writer:

@@ -124,12 +124,6 @@ def execute_job(spec: JobSpec, ctx: JobContext, report: ProgressFn) -> dict:
                            on_progress=on_progress, lock_timeout_s=ctx.lock_timeout_s, images_root=ctx.images_root,
                            job_id=ctx.job_id)
     if spec.kind == "index":
-        from regis.sharding.layout import is_sharded
-
-        if is_sharded(ctx.index_dir):
-            from regis.sharding.engine import FOLDER_BUILDS
-
-            raise ConfigError(FOLDER_BUILDS)
         if ctx.images_root is None:
             raise ConfigError("index jobs are disabled: no images root is configured (REGIS_IMAGES_ROOT)")
         folder, rel = resolve_folder(ctx.images_root, spec.folder or "")

@@ -52,6 +52,19 @@ class LiveIndex:
         engine = self.engine
         return engine.snapshot.version if engine is not None else None
 
+    def served(self) -> dict:
+        """What is served, for /readyz: {"images": the image count of the version served (None: no index yet)}
+        and, for a sharded collection, "shards": each shard's {"shard", "version", "images", "state"} (state "ok",
+        "unavailable" or "unknown": ``ShardedQueryEngine.infos``)."""
+        engine = self.engine
+        if engine is None:
+            return {"images": None}
+        out = {"images": len(engine.snapshot)}
+        infos = getattr(engine, "infos", None)
+        if infos is not None:
+            out["shards"] = [{k: i[k] for k in ("shard", "version", "images", "state")} for i in infos]
+        return out
+
     def _current(self) -> str | None:
         return read_current(self.index_dir) if self.index_dir.is_dir() else None
 

@@ -80,12 +80,24 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class ShardState(BaseModel):
+    """One shard of a sharded collection as served: its index version, image count and whether it answers."""
+
+    shard: int
+    version: int | None
+    images: int
+    state: str = Field(description='"ok", "unavailable" (did not answer; images: its last count) or "unknown"')
+
+
 class Readiness(BaseModel):
-    """Readiness: ``checks`` says what is ok and what is missing (``index``, ``redis`` when configured)."""
+    """Readiness: ``checks`` says what is ok and what is missing (``index``, ``shards`` for a sharded collection,
+    ``redis`` when configured); ``images``: the image count served; ``shards``: each shard's state."""
 
     ready: bool
     index_version: int | None
     checks: dict[str, str]
+    images: int | None = None
+    shards: list[ShardState] | None = None
     error: ErrorDetail | None = None
 
 

@@ -192,8 +192,64 @@ def test_uploads_deletes_and_metadata_changes_equal_the_unsharded_index(writable
         assert sharded.get(f"/v1/images/{image_id}/file").content == new[image_id - 21]
     assert sharded.get("/v1/images/4").status_code == 404
     assert sharded.delete("/v1/images/4").status_code == plain.delete("/v1/images/4").status_code == 404
-    folder = sharded.post("/v1/jobs/index", json={"folder": "."})
-    assert folder.status_code == 501 and "--ray" in folder.json()["error"]["message"]
+
+
+def _run_job(client, folder: str) -> dict:
+    import time
+
+    r = client.post("/v1/jobs/index", json={"folder": folder})
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 120
+    while (info := client.get(f"/v1/jobs/{r.json()['id']}").json())["state"] not in ("done", "failed"):
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)
+    assert info["state"] == "done", info
+    return info["result"]
+
+
+def test_folder_jobs_on_a_sharded_collection_equal_the_unsharded_index(tmp_path, photos_dir, tiny_encoder):
+    """POST /v1/jobs/index on a collection of 3 shards, built in the job's process through its
+    ``CollectionWriter``: the same ids, rows, searches and job results as the unsharded index, one collection
+    version per job. The first job widens the images root from the folder the collection was built from to its
+    parent (every shard's paths prefixed), adds a second folder; the second one adds, changes and deletes."""
+    import shutil
+
+    photos = sorted(photos_dir.iterdir())
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    for photo in photos[:8]:
+        shutil.copy2(photo, root / "a" / photo.name)
+    build(root / "a", tmp_path / "index", tiny_encoder)
+    split_index(tmp_path / "index", tmp_path / "collection", SHARDS)
+    for photo in photos[8:14]:
+        shutil.copy2(photo, root / "b" / photo.name)
+    settings = {"enable_jobs": True, "images_root": root}
+    with TestClient(create_app(Settings(index_dir=tmp_path / "index", **settings))) as plain, \
+            TestClient(create_app(Settings(index_dir=tmp_path / "collection", **settings))) as sharded:
+        for step in range(2):
+            if step == 1:
+                before = sharded.get("/v1/images/8").json()
+                assert before["path"] == f"b/{photos[8].name}"
+                (root / "a" / photos[0].name).unlink()
+                (root / "b" / photos[8].name).write_bytes(_flipped_png(photos[8]))  # changed: keeps its id
+                shutil.copy2(photos[14], root / "b" / photos[14].name)
+            want, got = _run_job(plain, "."), _run_job(sharded, ".")
+            keys = ("scanned", "added", "updated", "deleted", "unchanged", "skipped_count")
+            assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, (got, want)
+            assert got["version"] == 2 + step  # one collection version per job
+            listing = [sorted((i["id"], i["path"], i["sha256"]) for i in c.get("/v1/images", params={"limit": 100})
+                              .json()["images"]) for c in (plain, sharded)]
+            assert listing[0] == listing[1] and len(listing[1]) == 14  # 8 + 6, then - 1 + 1
+            assert {p.startswith(("a/", "b/")) for _, p, _ in listing[1]} == {True}
+            for photo in (photos[3], photos[10]):
+                params = {"k": 20, "mode": "exact"}
+                want_r = _post(plain, "/v1/search", photo.read_bytes(), **params).json()
+                got_r = _post(sharded, "/v1/search", photo.read_bytes(), **params).json()
+                assert _ranking(got_r)[0] == _ranking(want_r)[0]
+        assert sharded.get("/v1/images/0").status_code == 404  # photos[0] deleted from the folder
+        changed = sharded.get("/v1/images/8").json()
+        assert changed["path"] == before["path"] and changed["sha256"] != before["sha256"]
 
 
 def test_a_worker_writes_a_collection_with_its_own_encoder(indexes):

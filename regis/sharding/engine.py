@@ -49,8 +49,6 @@ from regis.sharding.search import ShardSearcher, merge_top_k
 READ_ONLY = ("regis on Ray Serve is read-only: add, change or delete images by building the collection again with "
              "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally), or through "
              "the embedded `regis serve` of the collection")
-FOLDER_BUILDS = ("a sharded collection indexes folders with `regis index build FOLDER --index COLLECTION --ray`; "
-                 "uploads, deletes and metadata changes work here")
 
 
 class _Done:
@@ -258,7 +256,7 @@ class ShardedQueryEngine(QueryEngine):
         self.transform = eval_transform(encoder.config)
         state = read_state(collection)
         self._pinned: tuple[CollectionState, list[dict]] = (state, [
-            {"shard": s, "version": version_number(n) or None, "name": n, "images": 0}
+            {"shard": s, "version": version_number(n) or None, "name": n, "images": 0, "state": "unknown"}
             for s, n in enumerate(state.names)])
         if refresh:
             self.refresh(required=True)
@@ -313,7 +311,9 @@ class ShardedQueryEngine(QueryEngine):
 
     @property
     def infos(self) -> list[dict]:
-        """Each shard's {"shard", "version", "name", "images"} in the state served."""
+        """Each shard's {"shard", "version", "name", "images", "state"} in the state served; "state": "ok" (it
+        answered the last ``refresh``), "unavailable" (it did not: "images" is its last count) or "unknown" (not
+        asked yet)."""
         return self._pinned[1]
 
     def _call(self, state: CollectionState, shard: int, method: str, *args):
@@ -336,10 +336,11 @@ class ShardedQueryEngine(QueryEngine):
         infos = []
         for s, call in enumerate(calls):
             try:
-                infos.append(self._answer(s, call, required))
+                infos.append({**self._answer(s, call, required), "state": "ok"})
             except UnavailableError:
                 name = state.names[s]
-                infos.append({**old_infos[s], "version": version_number(name) or None, "name": name})
+                infos.append({**old_infos[s], "version": version_number(name) or None, "name": name,
+                              "state": "unavailable"})
         self._pinned = (state, infos)  # one assignment: a query reads the old state or the new one
         return state != old_state
 

@@ -303,6 +303,10 @@ class _CollectionTable:
         """The row of global id ``image_id`` (None: none)."""
         return self.get_many([int(image_id)]).get(int(image_id))
 
+    def by_path(self) -> dict[str, ImageRecord]:
+        """Every row by path (every shard), with global ids."""
+        return self.writer.records_by_path()
+
     def get_by_paths(self, paths) -> dict[str, ImageRecord]:
         """Rows by path (any shard), with global ids."""
         paths = list(paths)
@@ -322,9 +326,10 @@ class CollectionVersion:
 
 class CollectionWriter(ShardedWriter):
     """A ``ShardedWriter`` on an existing collection with the part of ``IndexWriter``'s interface that the
-    service's writes use (``indexer.uploads.add_images`` / ``delete_images``, ``indexer.metadata``): ``table``
-    and ``is_live`` in global ids, and ``commit`` returning the collection's new version. It holds every
-    shard's write lock until it commits or aborts.
+    service's writes and folder builds use (``indexer.uploads.add_images`` / ``delete_images``,
+    ``indexer.metadata``, ``indexer.build.build_index``): ``table``, ``is_live``, ``base`` and ``prefix_paths``
+    in global ids, and ``commit`` returning the collection's new version. It holds every shard's write lock
+    until it commits or aborts.
 
     Args:
         collection: the collection folder (``read_layout`` gives S).
@@ -339,6 +344,17 @@ class CollectionWriter(ShardedWriter):
     def __init__(self, collection: Path | str, encoder: EncoderConfig, weights: WeightsInfo, **writer_kwargs):
         super().__init__(collection, read_layout(collection)["num_shards"], encoder, weights, **writer_kwargs)
         self.table = _CollectionTable(self)
+
+    @property
+    def base(self) -> Manifest | None:
+        """The manifest of the first shard that has a version in the state this transaction started from (the
+        collection's encoder, FAISS settings and images root, which every shard shares); None: no image yet."""
+        return next((w.base for w in self.writers if w.base is not None), None)
+
+    def prefix_paths(self, prefix: str, exclude_prefix: str, folder_key: str | None = None) -> None:
+        """``IndexWriter.prefix_paths`` on every shard (a folder build whose images root widens)."""
+        for w in self.writers:
+            w.prefix_paths(prefix, exclude_prefix, folder_key)
 
     def is_live(self, image_id: int) -> bool:
         """Whether global id ``image_id`` has tokens in this transaction's view."""

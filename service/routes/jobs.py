@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from regis.jobs.folders import FolderError, resolve_folder
 from regis.jobs.model import JobInfo, JobSpec
 from regis.jobs.queue import JobQueue
-from service.deps import get_jobs, get_live, get_settings
+from service.deps import get_jobs, get_settings
 from service.errors import APIError
 from service.schemas import ErrorResponse, IndexJobRequest, JobList
 from service.settings import Settings
@@ -28,16 +28,12 @@ async def submit_index_job(
     response: Response,
     queue: Annotated[JobQueue, Depends(get_jobs)],
     settings: Annotated[Settings, Depends(get_settings)],
-    live: Annotated[object, Depends(get_live)],
 ) -> JobInfo:
     """Index a folder under the images root (incremental: new and changed files are embedded, files gone
     from it are removed; other folders and uploads are left alone). Returns the queued job; follow it with
     GET /v1/jobs/{id}. Folders outside the root, with '..', or reached through a symlink leading out are
-    refused (403). A sharded collection indexes folders with ``regis index build --ray`` (501 here)."""
-    if live is not None and live.sharded:
-        from regis.sharding.engine import FOLDER_BUILDS
-
-        raise APIError(501, "not_supported", FOLDER_BUILDS)
+    refused (403). A sharded collection is built in the job's process, one collection version for the whole
+    folder (``regis index build --ray`` distributes the embedding instead)."""
     if settings.images_root is None:
         raise APIError(403, "folder_jobs_disabled", "no images root is configured (REGIS_IMAGES_ROOT): folders "
                                                     "cannot be indexed, only uploads")

@@ -21,12 +21,20 @@ def test_serve_start_gets_the_keep_alive_of_regis_serve(tmp_path, monkeypatch):
 
     monkeypatch.setenv("REGIS_KEEP_ALIVE_S", "61.5")
     calls = {}
-    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    import cluster.resources
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(cluster.serve, "read_layout", lambda collection: {"num_shards": 2})
+    monkeypatch.setattr(cluster.resources, "cluster_cpus", lambda: ([2.0], 2.0))
     monkeypatch.setattr(cluster.serve.serve, "start", lambda **kwargs: calls.update(start=kwargs))
-    monkeypatch.setattr(cluster.serve.serve, "run", lambda app, **kwargs: calls.update(run=kwargs))
-    monkeypatch.setattr(cluster.serve, "build_app", lambda *args: "app")
+    monkeypatch.setattr(cluster.serve.serve, "run_many", lambda targets, **kwargs: calls.update(run=targets))
+    monkeypatch.setattr(cluster.serve, "build_app", lambda *args: calls.update(app=args) or "app")
+    monkeypatch.setattr(cluster.serve, "wait_until_running", lambda *args, **kwargs: calls.update(wait=args))
     settings = RaySettings(http_port=8123)
     cluster.serve.start(tmp_path, Settings(index_dir=tmp_path), settings)
+    sized = calls["app"][2]  # the settings the deployments get: CPU requests sized to fit 2 CPUs
+    assert sized.encoder_num_cpus + 2 * sized.shard_num_cpus + sized.ingress_num_cpus <= 2.0
+    assert calls["wait"][0] == settings.app_name and calls["wait"][2] == settings.start_timeout_s
 
     options = calls["start"]["http_options"]
     assert options == {"host": settings.http_host, "port": 8123, "keep_alive_timeout_s": 62}
