@@ -88,7 +88,11 @@ def test_images_similar_health_and_metrics_equal_the_unsharded_index(clients):
     assert sharded.get("/v1/images/9999/similar").status_code == 404
     health = sharded.get("/healthz").json()
     assert health["images"] == 21 and health["index_version"] == 1  # the collection record's: one write (the split)
-    assert sharded.get("/readyz").status_code == 200
+    ready = sharded.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["images"] == 21
+    assert [(s["shard"], s["version"], s["state"]) for s in ready.json()["shards"]] == [(0, 1, "ok"), (1, 1, "ok"),
+                                                                                      (2, 1, "ok")]
+    assert sum(s["images"] for s in ready.json()["shards"]) == 21 and plain.get("/readyz").json()["images"] == 21
     assert "regis_index_images 21.0" in sharded.get("/metrics").text
     (described,) = sharded.get("/v1/collections").json()["collections"]
     assert described["images"] == 21 and described["index_version"] == 1 and described["default"]

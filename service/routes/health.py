@@ -48,8 +48,8 @@ def _may_see_details(request: Request) -> bool:
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(request: Request):
     """Readiness: an index version is loaded (every shard answers, for a sharded collection), and Redis answers
-    when one is configured. 503 otherwise, with what is missing. Also the image count served and, for a sharded
-    collection, each shard's version, image count and state."""
+    when one is configured. 503 otherwise, with what is missing. Also (keys off, or a valid key presented) the
+    image count served and, for a sharded collection, each shard's version, image count and state."""
     live = get_live(request)
     checks = {"index": "ok" if live is not None and live.engine is not None else "no index version loaded yet"}
     more = getattr(live, "readiness", None)  # e.g. Ray Serve's shards (cluster.serve.RayLive)
@@ -64,8 +64,9 @@ async def readyz(request: Request):
             up = await run_in_threadpool(_ping, settings.redis_url)
         checks["redis"] = "ok" if up else "unreachable"
     ready = all(v == "ok" for v in checks.values())
-    body = {"ready": ready, "index_version": live.version if live is not None else None, "checks": checks,
-            **(live.served() if live is not None else {})}
+    body = {"ready": ready, "index_version": live.version if live is not None else None, "checks": checks}
+    if live is not None and _may_see_details(request):  # as /healthz: the counts need a key when keys are on
+        body.update(live.served())
     if ready:
         return body
     problems = "; ".join(f"{k}: {v}" for k, v in checks.items() if v != "ok")
