@@ -14,6 +14,7 @@ import typer
 from pydantic import ValidationError
 
 from cli.collections import app as collections_app
+from cli.duplicates import duplicates
 from cli.index import app as index_app
 from cli.index import worker
 from cli.keys import app as keys_app
@@ -34,6 +35,7 @@ app.add_typer(collections_app, name="collections")
 app.add_typer(keys_app, name="keys")
 app.command("serve")(serve)
 app.command("worker")(worker)
+app.command("duplicates")(duplicates)
 register_training(app)
 
 

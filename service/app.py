@@ -20,7 +20,7 @@ from service.keys import KeyStore
 from service.limits import FormLimitMiddleware, JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
 from service.origin import OriginCheckMiddleware
-from service.routes import batch, collections, explain, gallery, health, images, jobs, metrics, search
+from service.routes import batch, collections, duplicates, explain, gallery, health, images, jobs, metrics, search
 from service.schemas import ErrorResponse
 from service.settings import Settings
 
@@ -184,7 +184,7 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     app.include_router(collections.router, max_body_size=limits["default"], dependencies=[strict])
     # every collection's routes, and the default collection's (the routes without /collections/{collection})
     routers = ((search, "search"), (batch, "images"), (explain, "search"), (images, "images"), (gallery, "default"),
-               (jobs, "default"))
+               (jobs, "default"), (duplicates, "default"))
     for routes, limit in routers:
         app.include_router(routes.router, prefix="/v1", max_body_size=limits[limit], dependencies=[strict])
         app.include_router(routes.router, prefix=COLLECTION_PREFIX, dependencies=[Depends(collection_path), strict],
@@ -194,5 +194,13 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     @app.get("/", include_in_schema=False)
     def home() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    @app.get("/duplicates", include_in_schema=False)
+    def duplicates_page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "duplicates.html", media_type="text/html")
+
+    @app.get("/duplicates.js", include_in_schema=False)
+    def duplicates_script() -> FileResponse:
+        return FileResponse(STATIC_DIR / "duplicates.js", media_type="text/javascript")
 
     return app

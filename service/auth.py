@@ -13,8 +13,9 @@ from service.errors import APIError, error_body
 from service.keys import KeyRecord, KeyStore, KeysUnavailableError
 
 # Open without a key: liveness / readiness probes, the API docs (their pages and assets hold no data) and the
-# search page's HTML. Everything under /v1 and /metrics needs a key.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/"})
+# search and duplicates pages' HTML and script. Everything under /v1 and /metrics needs a key.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/",
+                        "/duplicates", "/duplicates.js"})
 OPEN_PREFIXES = ("/static/docs/",)
 
 

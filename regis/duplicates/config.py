@@ -1,0 +1,151 @@
+"""The thresholds of duplicate finding: what they mean, where the calibrated ones come from, how a call overrides them.
+
+An index's thresholds live in its own config file, ``INDEX_DIR/duplicates/config.json`` (``save_config``),
+written on its first duplicates run from the calibration shipped for its backbone
+(``regis/duplicates/calibrations/<backbone>.json``, made by ``scripts/eval_duplicates.py --calibrate``), or by
+``regis duplicates calibrate``. A call can override any of them (``DuplicateConfig.with_overrides``); the
+candidate-stage ones (``floor``, ``neighbours``, ``depth``) then need a new self-join when they widen it.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from regis.errors import ConfigError
+from regis.indexes.layout import write_json_atomic
+
+DUPLICATES_DIR = "duplicates"
+CONFIG_FILE = "config.json"
+CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_side", "features", "exact_tokens")
+
+
+class DuplicateConfig(BaseModel):
+    """Thresholds and settings of ``regis.duplicates`` (scores are MaxSim per token, S / T, in [-1, 1]).
+
+    Candidate stage (the self-join):
+        floor: a pair is a candidate when its MaxSim per token, in either direction, is at least this.
+        neighbours: at most this many candidates per image (the best), before verification.
+        depth: FAISS neighbours per query token (None: the index's default candidate depth).
+
+    Verification (``regis.duplicates.geometry``):
+        verify: match local features and fit a homography for every candidate pair whose files can be read.
+        verify_side: longest side the images are reduced to for it, pixels.
+        features: ORB keypoints per image.
+        min_inliers: homography inliers for a pair to count as verified.
+
+    Relations of a verified pair (covers: ``geometry.Verification``):
+        edited_min_cover: an edited copy: each frame covers at least this much of the other ...
+        edited_max_cover: ... and one lies (almost) entirely inside the other, at least this much.
+        crop_cover: a crop: the smaller frame lies at least this much inside the other (and does not cover
+            ``edited_min_cover`` of it).
+        Anything else verified is the same scene (shared, shifted content).
+
+    Relations of a pair that could not be verified (no file, or too few consistent matches):
+        token_edited: an edited copy when the MaxSim per token is at least this in both directions.
+        token_scene: otherwise the same scene when it is at least this in either direction; below: not reported.
+
+    Exact copies: the same bytes (SHA-256), or the same pixels (checked by decoding both files when their sizes
+    match and their tokens agree to ``exact_tokens``).
+
+    calibration: where the numbers come from (set, split, figures), or None for the uncalibrated defaults.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    floor: float = Field(0.45, ge=-1.0, le=1.0)
+    neighbours: int = Field(16, ge=1, le=1000)
+    depth: int | None = Field(None, ge=1, le=4096)
+    verify: bool = True
+    verify_side: int = Field(640, ge=64, le=4096)
+    features: int = Field(1000, ge=50, le=20000)
+    min_inliers: int = Field(15, ge=4)
+    edited_min_cover: float = Field(0.80, ge=0.0, le=1.0)
+    edited_max_cover: float = Field(0.95, ge=0.0, le=1.0)
+    crop_cover: float = Field(0.90, ge=0.0, le=1.0)
+    token_edited: float = Field(0.97, ge=-1.0, le=1.0)
+    token_scene: float = Field(0.75, ge=-1.0, le=1.0)
+    exact_tokens: float = Field(0.97, ge=0.0, le=1.0)
+    calibration: dict | None = None
+
+    def with_overrides(self, overrides: dict | None) -> DuplicateConfig:
+        """A copy with some fields replaced (a call's overrides), validated.
+
+        Raises:
+            ConfigError: an unknown field or a value out of range (the message names it).
+        """
+        if not overrides:
+            return self
+        unknown = sorted(set(overrides) - (set(DuplicateConfig.model_fields) - {"calibration"}))
+        if unknown:
+            raise ConfigError(f"unknown duplicate threshold(s) {', '.join(map(repr, unknown))}; known: "
+                              f"{', '.join(f for f in DuplicateConfig.model_fields if f != 'calibration')}")
+        try:
+            return DuplicateConfig.model_validate({**self.model_dump(), **overrides})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"invalid duplicate threshold: {problems}") from None
+
+    def candidate_settings(self) -> dict:
+        """The settings the stored candidate pairs depend on (a run with other ones searches again)."""
+        return {name: getattr(self, name) for name in CANDIDATE_FIELDS}
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """``NAME=VALUE`` strings (the CLI's ``--set``) -> {name: value} (values read as JSON: 0.9, true, 12).
+
+    Raises:
+        ConfigError: an item without '='.
+    """
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"threshold override {item!r} is not NAME=VALUE (e.g. floor=0.5)")
+        try:
+            out[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name.strip()] = value
+    return out
+
+
+def shipped_calibration(backbone: str) -> DuplicateConfig | None:
+    """The calibration shipped for ``backbone`` (``calibrations/<backbone>.json`` in this package), or None."""
+    name = f"{backbone.replace(':', '_').replace('/', '_')}.json"
+    path = resources.files("regis.duplicates") / "calibrations" / name
+    if not path.is_file():
+        return None
+    return DuplicateConfig.model_validate(json.loads(path.read_text()))
+
+
+def config_path(index_dir: Path | str) -> Path:
+    """``INDEX_DIR/duplicates/config.json``."""
+    return Path(index_dir) / DUPLICATES_DIR / CONFIG_FILE
+
+
+def load_config(index_dir: Path | str, backbone: str) -> DuplicateConfig:
+    """The index's thresholds: its own config file, else the calibration shipped for ``backbone``, else the
+    uncalibrated defaults (``calibration`` None).
+
+    Raises:
+        ConfigError: the index's config file is unreadable or invalid.
+    """
+    path = config_path(index_dir)
+    if path.is_file():
+        try:
+            return DuplicateConfig.model_validate(json.loads(path.read_text()))
+        except (ValueError, ValidationError) as exc:
+            raise ConfigError(f"{path} is not a valid duplicates config; fix it or delete it to use the shipped "
+                              "calibration") from exc
+    return shipped_calibration(backbone) or DuplicateConfig()
+
+
+def save_config(index_dir: Path | str, config: DuplicateConfig) -> Path:
+    """Write the index's thresholds (atomically); returns the file."""
+    path = config_path(index_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, config.model_dump())
+    return path

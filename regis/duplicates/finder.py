@@ -1,0 +1,252 @@
+"""Duplicate finding over one index version: the self-join, the exact-copy check and the geometric verification,
+incremental from the pairs stored with an earlier version.
+
+``update_pairs`` is what ``regis duplicates`` and ``GET /v1/.../duplicates`` run:
+
+1. the newest stored pairs of a version <= this one with the same candidate settings (``regis.duplicates.store``)
+   are kept for the images that are still live and unchanged (same SHA-256);
+2. only the other images (new, or changed since) are searched (``regis.duplicates.selfjoin.self_join``): their
+   pairs with every live image;
+3. new pairs with the same SHA-256 are exact copies; pairs of the same size whose tokens agree to
+   ``exact_tokens`` are decoded and compared pixel by pixel;
+4. new pairs are verified geometrically (``regis.duplicates.geometry``) when both files can be read, on
+   ``workers`` threads (OpenCV releases the GIL);
+5. the table is stored with this version.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from regis.duplicates import store
+from regis.duplicates.config import DuplicateConfig
+from regis.duplicates.geometry import LocalFeatures, features_or_none, verify_pair
+from regis.duplicates.selfjoin import self_join
+from regis.duplicates.store import PairTable, StoredPairs
+from regis.errors import ImageDecodeError
+from regis.indexes.snapshot import IndexSnapshot
+from regis.indexes.table import ImageRecord
+
+FileResolver = Callable[[ImageRecord], Path | None]  # where an image's file is (None: not available)
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+FEATURE_CACHE = 2048  # images whose local features are kept in memory during verification
+VERIFY_CHUNK = 512  # pairs verified per step (pairs sorted by their first image, so features are reused)
+
+
+@dataclass
+class DuplicateRun:
+    """What ``update_pairs`` did and found.
+
+    Attributes:
+        stored: the pairs of this version (also on disk).
+        searched: images searched by the run that made them (the new and changed ones; every image on a full run).
+        reused: pairs it kept from the stored run of ``from_version``.
+        from_version: the index version the reused pairs were computed on (None: a full run).
+        timings_ms: {"join", "exact", "verify", "total"} of that run.
+        computed_now: False when the pairs were stored already (the facts above are the stored run's).
+    """
+
+    stored: StoredPairs
+    searched: int
+    reused: int
+    from_version: int | None
+    timings_ms: dict = field(default_factory=dict)
+    computed_now: bool = True
+
+    @classmethod
+    def of(cls, stored: StoredPairs) -> DuplicateRun:
+        """The facts of a stored run."""
+        s = stored.settings
+        return cls(stored, int(s.get("searched", 0)), int(s.get("reused_pairs", 0)), s.get("from_version"),
+                   dict(s.get("timings_ms") or {}), computed_now=False)
+
+
+def index_file_resolver(snapshot: IndexSnapshot, uploads_dir: Path | str | None = None,
+                        images_root: Path | str | None = None) -> FileResolver:
+    """Files of an index: uploads in ``uploads_dir`` (default: the index's default uploads folder), the others
+    below ``images_root`` (default: the manifest's); paths that escape their folder or files that are gone give
+    None."""
+    from regis.indexes.uploads import default_uploads_dir, is_upload_path, upload_file
+
+    root = images_root or snapshot.manifest.images_root
+    root = Path(root).resolve() if root else None
+    uploads = Path(uploads_dir) if uploads_dir else default_uploads_dir(snapshot.index_dir, root)
+
+    def resolve(rec: ImageRecord) -> Path | None:
+        try:
+            if is_upload_path(rec.path):
+                path = upload_file(uploads, rec.path)
+            elif root is None:
+                return None
+            else:
+                path = (root / rec.path).resolve()
+                if not path.is_relative_to(root):
+                    return None
+        except (ValueError, OSError):
+            return None
+        return path if path.is_file() else None
+
+    return resolve
+
+
+def _live(snapshot: IndexSnapshot) -> tuple[np.ndarray, np.ndarray, dict[int, ImageRecord]]:
+    ids = snapshot.store.live_ids
+    records = snapshot.table.get_many(ids.tolist())
+    ids = np.array([i for i in ids.tolist() if i in records], dtype=np.int64)
+    sha = np.array([records[i].sha256 for i in ids.tolist()], dtype="S64")
+    return ids, sha, records
+
+
+def _reusable(snapshot: IndexSnapshot, config: DuplicateConfig, full: bool) -> StoredPairs | None:
+    if full:
+        return None
+    prev = store.latest(snapshot.index_dir, snapshot.version)
+    if prev is None:
+        return None
+    stored, wanted = dict(prev.settings.get("candidates") or {}), config.candidate_settings()
+    floor = stored.pop("floor", None)
+    if floor is None or floor > wanted.pop("floor"):  # pairs stored above a higher floor: search again
+        return None
+    return prev if stored == wanted else None
+
+
+def stored_pairs(snapshot: IndexSnapshot, config: DuplicateConfig) -> StoredPairs | None:
+    """The pairs stored for ``snapshot``'s very version that ``config`` can use (None: a run is needed)."""
+    prev = _reusable(snapshot, config, full=False)
+    return prev if prev is not None and prev.version == snapshot.version else None
+
+
+def _same_pixels(pa: Path | None, pb: Path | None) -> bool:
+    from regis.images.decode import decode_image
+
+    if pa is None or pb is None:
+        return False
+    try:
+        return bool(np.array_equal(np.asarray(decode_image(pa).image), np.asarray(decode_image(pb).image)))
+    except (ImageDecodeError, OSError):
+        return False
+
+
+def _exact(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig) -> None:
+    """Mark the exact copies among ``pairs`` in place: the same SHA-256, or the same pixels (decoded when their
+    sizes match and their tokens agree to ``exact_tokens`` both ways)."""
+    for k in range(len(pairs)):
+        ra, rb = records[int(pairs.a[k])], records[int(pairs.b[k])]
+        if ra.sha256 == rb.sha256:
+            pairs.exact[k] = True
+        elif ((ra.width, ra.height) == (rb.width, rb.height)
+              and min(pairs.s_ab[k], pairs.s_ba[k]) >= config.exact_tokens):
+            pairs.exact[k] = _same_pixels(resolve(ra), resolve(rb))
+
+
+class _Features:
+    """Local features of images by id, computed on demand, the ``FEATURE_CACHE`` most recent kept."""
+
+    def __init__(self, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig):
+        self.records, self.resolve, self.config = records, resolve, config
+        self.cache: OrderedDict[int, LocalFeatures | None] = OrderedDict()
+
+    def many(self, ids: list[int], pool: ThreadPoolExecutor) -> dict[int, LocalFeatures | None]:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.cache]
+        paths = [self.resolve(self.records[i]) for i in missing]
+        side, n = self.config.verify_side, self.config.features
+        for i, feats in zip(missing, pool.map(lambda p: features_or_none(p, side, n), paths), strict=True):
+            self.cache[i] = feats
+        out = {}
+        for i in ids:
+            self.cache.move_to_end(i)
+            out[i] = self.cache[i]
+        while len(self.cache) > max(FEATURE_CACHE, len(ids)):
+            self.cache.popitem(last=False)
+        return out
+
+
+def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig,
+            workers: int, progress: Progress | None) -> None:
+    """Verify ``pairs`` geometrically in place (``regis.duplicates.geometry.verify_pair``)."""
+    order = np.lexsort((pairs.b, pairs.a))
+    feats = _Features(records, resolve, config)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for start in range(0, len(order), VERIFY_CHUNK):
+            rows = order[start:start + VERIFY_CHUNK]
+            got = feats.many([int(x) for r in rows for x in (pairs.a[r], pairs.b[r])], pool)
+
+            def one(r: int, got=got):
+                fa, fb = got[int(pairs.a[r])], got[int(pairs.b[r])]
+                return r, fa is not None and fb is not None, (verify_pair(fa, fb) if fa and fb else None)
+
+            for r, files, v in pool.map(one, rows):
+                pairs.files[r] = files
+                if v is not None:
+                    pairs.matches[r], pairs.inliers[r] = v.matches, v.inliers
+                    pairs.cover_a[r], pairs.cover_b[r] = v.cover_a, v.cover_b
+                    pairs.quad_ab[r], pairs.quad_ba[r], pairs.residual[r] = v.quad_a_in_b, v.quad_b_in_a, v.residual
+            if progress is not None:
+                progress("verify", min(start + VERIFY_CHUNK, len(order)), len(order))
+
+
+def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: FileResolver | None = None,
+                 full: bool = False, workers: int | None = None, threads: int | None = None,
+                 progress: Progress | None = None) -> DuplicateRun:
+    """The pair table of ``snapshot``'s version: stored already, or computed incrementally (module docstring).
+
+    Args:
+        snapshot: the index version.
+        config: thresholds and settings: stored pairs are reused when they were made with the same candidate
+            settings and a floor no higher than this one.
+        resolve: where an image's file is (None: ``index_file_resolver(snapshot)``).
+        full: search every image again, ignoring stored pairs.
+        workers: verification threads (None: every core).
+        threads: FAISS threads of the self-join (None: every core).
+        progress: called with (stage, done, total) as the stages advance ("search", "verify").
+
+    Returns:
+        A ``DuplicateRun``; its pairs are saved in ``INDEX_DIR/duplicates`` (only one run at a time updates them:
+        a second waits for the first and then finds its result).
+
+    Raises:
+        IndexLockedError: another run held the duplicates lock too long.
+    """
+    resolve = resolve or index_file_resolver(snapshot)
+    workers = workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    with store.run_lock(snapshot.index_dir):
+        prev = _reusable(snapshot, config, full)
+        if prev is not None and prev.version == snapshot.version:
+            return DuplicateRun.of(prev)
+        ids, sha, records = _live(snapshot)
+        if prev is not None:
+            known = dict(zip(prev.searched.tolist(), prev.sha256.tolist(), strict=True))
+            kept = np.array([known.get(i) == s for i, s in zip(ids.tolist(), sha.tolist(), strict=True)], bool)
+            keep_ids = ids[kept]
+            old = prev.table.take(np.isin(prev.table.a, keep_ids) & np.isin(prev.table.b, keep_ids))
+            query = ids[~kept]
+        else:
+            old, query = PairTable.empty(), ids
+        t1 = time.perf_counter()
+        cand = self_join(snapshot, query, floor=config.floor, neighbours=config.neighbours, depth=config.depth,
+                         threads=threads, progress=(lambda d, n: progress("search", d, n)) if progress else None)
+        new = PairTable.empty(len(cand))
+        new.a, new.b, new.s_ab, new.s_ba = cand.a, cand.b, cand.s_ab, cand.s_ba
+        t2 = time.perf_counter()
+        _exact(new, records, resolve, config)
+        t3 = time.perf_counter()
+        if config.verify:
+            _verify(new, records, resolve, config, workers, progress)
+        t4 = time.perf_counter()
+        table = PairTable.concat([old, new])
+        timings = {"join": (t2 - t1) * 1e3, "exact": (t3 - t2) * 1e3, "verify": (t4 - t3) * 1e3,
+                   "total": (time.perf_counter() - t0) * 1e3}
+        settings = {"candidates": config.candidate_settings(), "searched": int(len(query)), "timings_ms": timings,
+                    "from_version": prev.version if prev is not None else None, "reused_pairs": len(old)}
+        stored = StoredPairs(snapshot.version, table, ids, sha, settings)
+        store.save(snapshot.index_dir, stored)
+        return DuplicateRun(stored, int(len(query)), len(old), prev.version if prev is not None else None, timings)

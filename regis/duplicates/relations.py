@@ -1,0 +1,81 @@
+"""What a candidate pair is: exact copy, edited copy, crop (and which image contains the other), same scene.
+
+Decided from what the pair table stores (``regis.duplicates.store.PairTable``: token scores both ways, the
+geometric verification, the exact-copy check) and the thresholds (``regis.duplicates.config.DuplicateConfig``),
+so a call that overrides a relation threshold re-decides every stored pair without searching or verifying again.
+
+Rules, in order:
+
+0. A pair whose MaxSim per token is below ``floor`` both ways is dropped (a stored run may have used a lower one).
+1. ``exact``: the same bytes or the same pixels.
+2. A verified pair (at least ``min_inliers`` homography inliers): ``edited_copy`` when each frame covers at
+   least ``edited_min_cover`` of the other and one lies at least ``edited_max_cover`` inside the other; else
+   ``crop`` when one frame lies at least ``crop_cover`` inside the other (that one is the crop); else
+   ``same_scene`` (they share part of the view, shifted: another shot).
+3. An unverified pair (no file to read, or too few consistent matches): ``edited_copy`` when the MaxSim per
+   token is at least ``token_edited`` both ways; ``same_scene`` when it is at least ``token_scene`` either way;
+   else none (the pair is dropped).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from regis.duplicates.config import DuplicateConfig
+
+EXACT, EDITED, CROP, SCENE, NONE = 0, 1, 2, 3, -1
+NAMES = {EXACT: "exact", EDITED: "edited_copy", CROP: "crop", SCENE: "same_scene"}
+CODES = {name: code for code, name in NAMES.items()}
+DUPLICATE_CODES = (EXACT, EDITED)  # the relations that make a duplicate group
+
+
+def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The relation of every pair of a pair table, and which image contains the other for crops.
+
+    Args:
+        table: a ``regis.duplicates.store.PairTable`` (p pairs).
+        config: the thresholds.
+
+    Returns:
+        relation (p,) int8 (``EXACT``, ``EDITED``, ``CROP``, ``SCENE`` or ``NONE``) and container (p,) int64:
+        the id of the image that contains the other for a crop (a or b), -1 otherwise.
+    """
+    p = len(table)
+    rel = np.full(p, NONE, dtype=np.int8)
+    verified = table.inliers >= config.min_inliers
+    lo = np.minimum(table.cover_a, table.cover_b)
+    hi = np.maximum(table.cover_a, table.cover_b)
+    edited = verified & (lo >= config.edited_min_cover) & (hi >= config.edited_max_cover)
+    crop = verified & ~edited & (hi >= config.crop_cover)
+    scene = verified & ~edited & ~crop
+    s_lo = np.minimum(table.s_ab, table.s_ba)
+    s_hi = np.maximum(table.s_ab, table.s_ba)
+    t_edited = ~verified & (s_lo >= config.token_edited)
+    t_scene = ~verified & ~t_edited & (s_hi >= config.token_scene)
+    rel[scene | t_scene] = SCENE
+    rel[crop] = CROP
+    rel[edited | t_edited] = EDITED
+    rel[table.exact] = EXACT
+    rel[(s_hi < config.floor) & ~table.exact] = NONE  # pairs stored with a lower floor than this call's
+    # a crop lies inside its container: cover_a >= cover_b means a is inside b, so b contains a
+    container = np.where(rel == CROP, np.where(table.cover_a >= table.cover_b, table.b, table.a), -1)
+    return rel, container.astype(np.int64)
+
+
+def describe(relation: int, a: int, b: int, container: int, cover_a: float, cover_b: float, verified: bool) -> str:
+    """The relation of a pair in words, e.g. "image 7 is a crop of image 3 (it shows 34 % of it)"."""
+    if relation == EXACT:
+        return f"images {a} and {b} are exact copies (the same bytes or the same pixels)"
+    if relation == EDITED:
+        how = "the frames match" if verified else "their tokens match (not verified geometrically)"
+        return f"images {a} and {b} are edited copies of one photo ({how})"
+    if relation == CROP:
+        inner = b if container == a else a
+        shown = cover_b if container == b else cover_a  # the part of the container the crop covers
+        return f"image {inner} is a crop of image {container} (it shows {round(100 * shown)} % of it)"
+    if relation == SCENE:
+        if verified:
+            return (f"images {a} and {b} show the same scene from another shot ({round(100 * cover_a)} % of {a} "
+                    f"lies in {b}, {round(100 * cover_b)} % of {b} is covered)")
+        return f"images {a} and {b} look like the same scene (their tokens match; not verified geometrically)"
+    return ""

@@ -1,0 +1,325 @@
+"""Near-duplicate groups (regis.duplicates): the mechanics on tiny random tokens and handmade pair tables, the
+results on a small set of real photos (an edited copy found, a crop's direction right, another shot kept apart,
+an upload joining its group), the REST route and the command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from regis.duplicates import relations as rel
+from regis.duplicates.config import DuplicateConfig, parse_overrides
+from regis.duplicates.groups import group_pairs
+from regis.duplicates.store import PairTable
+from regis.errors import ConfigError
+
+
+# ------------------------------------------------------------------ relations and groups on handmade tables
+def _table(rows: list[dict]) -> PairTable:
+    t = PairTable.empty(len(rows))
+    for k, r in enumerate(rows):
+        for name, value in r.items():
+            getattr(t, name)[k] = value
+    return t
+
+
+def test_relations_follow_the_thresholds():
+    cfg = DuplicateConfig(floor=0.45, min_inliers=15, edited_min_cover=0.8, edited_max_cover=0.95, crop_cover=0.9,
+                          token_edited=0.97, token_scene=0.75)
+    t = _table([
+        dict(a=0, b=1, s_ab=1.0, s_ba=1.0, exact=True),                                       # exact
+        dict(a=0, b=2, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.85),          # edited (border)
+        dict(a=0, b=3, s_ab=0.6, s_ba=0.7, inliers=80, cover_a=0.30, cover_b=1.0),            # 3 lies in 0: crop
+        dict(a=0, b=4, s_ab=0.8, s_ba=0.8, inliers=90, cover_a=0.88, cover_b=0.86),           # shifted: scene
+        dict(a=0, b=5, s_ab=0.98, s_ba=0.985),                                                # unverified copy
+        dict(a=0, b=6, s_ab=0.5, s_ba=0.8),                                                   # unverified scene
+        dict(a=0, b=7, s_ab=0.5, s_ba=0.6, inliers=5, cover_a=1.0, cover_b=1.0),              # too few inliers
+        dict(a=0, b=8, s_ab=0.4, s_ba=0.42, inliers=200, cover_a=1.0, cover_b=1.0),           # under the floor
+        dict(a=2, b=3, s_ab=0.7, s_ba=0.6, inliers=80, cover_a=1.0, cover_b=0.35),            # 2 lies in 3: crop
+    ])
+    relation, container = rel.classify(t, cfg)
+    assert relation.tolist() == [rel.EXACT, rel.EDITED, rel.CROP, rel.SCENE, rel.EDITED, rel.SCENE, rel.NONE,
+                                 rel.NONE, rel.CROP]
+    assert container[2] == 0 and container[8] == 3 and (np.delete(container, [2, 8]) == -1).all()
+    stricter = cfg.with_overrides({"edited_min_cover": 0.9})
+    assert rel.classify(t, stricter)[0][1] == rel.CROP  # the bordered copy lies in 0 but covers too little of it
+    assert rel.describe(rel.CROP, 0, 3, 0, 0.30, 1.0, True) == "image 3 is a crop of image 0 (it shows 30 % of it)"
+
+
+def test_groups_are_copies_only_and_every_pair_is_listed_once():
+    cfg = DuplicateConfig(floor=0.4)
+    t = _table([
+        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=50, cover_a=1.0, cover_b=0.97),   # 0 ~ 1 copies
+        dict(a=1, b=2, s_ab=0.9, s_ba=0.9, inliers=50, cover_a=0.98, cover_b=1.0),   # 1 ~ 2 copies: one group
+        dict(a=2, b=5, s_ab=0.6, s_ba=0.6, inliers=50, cover_a=1.0, cover_b=0.4),    # 2 in 5: crop, 5 outside
+        dict(a=0, b=3, s_ab=0.8, s_ba=0.8, inliers=50, cover_a=0.85, cover_b=0.85),  # 3: another shot of 0
+        dict(a=3, b=4, s_ab=0.9, s_ba=0.9, inliers=50, cover_a=1.0, cover_b=1.0),    # 3 ~ 4 copies
+        dict(a=6, b=7, s_ab=0.7, s_ba=0.5, inliers=50, cover_a=0.9, cover_b=0.3),    # 6 in 7: crop, both alone
+    ])
+    grouping = group_pairs(t, cfg)
+    # groups: copies {0, 1, 2} and {3, 4}; 5 (which contains 2) and 7 (which contains 6) alone, with their crops
+    assert [g.images for g in grouping.groups] == [[0, 1, 2], [3, 4], [5], [7]]
+    assert [g.pairs for g in grouping.groups] == [[0, 1], [4], [], []]
+    # a crop is listed with its container's group, another shot with its lower id's (0, for the pair 0-3)
+    assert [g.related for g in grouping.groups] == [[3], [], [2], [5]]
+    assert grouping.container[2] == 5 and grouping.container[5] == 7
+    assert grouping.counts()["duplicate_groups"] == 2 and grouping.counts()["redundant_images"] == 3
+    merged = group_pairs(t, cfg, merge=("same_scene",))
+    assert merged.groups[0].images == [0, 1, 2, 3, 4] and sorted(merged.groups[0].pairs) == [0, 1, 3, 4]
+    with pytest.raises(ValueError, match="unknown relation"):
+        group_pairs(t, cfg, merge=("edited_copy",))
+
+
+def test_overrides_are_checked():
+    cfg = DuplicateConfig()
+    assert cfg.with_overrides({"floor": 0.6}).floor == 0.6
+    with pytest.raises(ConfigError, match="unknown duplicate threshold"):
+        cfg.with_overrides({"flor": 0.6})
+    with pytest.raises(ConfigError, match="floor"):
+        cfg.with_overrides({"floor": 3})
+    assert parse_overrides(["floor=0.5", "verify=false"]) == {"floor": 0.5, "verify": False}
+    with pytest.raises(ConfigError, match="NAME=VALUE"):
+        parse_overrides(["floor"])
+
+
+# ------------------------------------------------------------------ the self-join on random tokens
+def _random_index(tmp_path, tiny_encoder, n=60, copies=((3, 40), (7, 41), (7, 42)), seed=0):
+    """An index of n random token sets of the tiny encoder's layout; ``copies`` (source, copy) are noisy copies."""
+    from regis.indexes.table import ImageRecord
+    from regis.indexes.writer import IndexWriter
+
+    rng = np.random.default_rng(seed)
+    t, d = tiny_encoder.config.tokens_per_image, tiny_encoder.config.dim
+    tokens = rng.normal(size=(n, t, d)).astype(np.float32)
+    for src, dst in copies:
+        tokens[dst] = tokens[src] + 0.15 * rng.normal(size=(t, d))
+    tokens /= np.linalg.norm(tokens, axis=-1, keepdims=True)
+    with IndexWriter(tmp_path / "index", tiny_encoder.config, tiny_encoder.weights_info, faiss_spec="Flat") as w:
+        ids = w.allocate_ids(n)
+        records = [ImageRecord(int(i), f"img{i}.png", f"{i:064x}", 64, 48, 100, 0.0) for i in ids]
+        w.put(records, tokens.astype(np.float16))
+        w.commit()
+    return tmp_path / "index", tokens
+
+
+def test_self_join_finds_the_pairs_exact_maxsim_finds(tmp_path, tiny_encoder):
+    from regis.duplicates.selfjoin import self_join
+    from regis.indexes.snapshot import IndexSnapshot
+
+    index, tokens = _random_index(tmp_path, tiny_encoder)
+    snap = IndexSnapshot.open(index)
+    stored = snap.store.get(snap.store.live_ids).astype(np.float32)
+    sims = np.einsum("atd,bsd->abts", stored, stored)
+    s = sims.max(axis=3).mean(axis=2)  # s[a, b] = S(a, b) / T
+    floor = 0.6
+    want = {(a, b) for a in range(len(s)) for b in range(a + 1, len(s)) if max(s[a, b], s[b, a]) >= floor}
+    assert want == {(3, 40), (7, 41), (7, 42), (41, 42)}
+    pairs = self_join(snap, floor=floor, neighbours=8, depth=8)
+    assert set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True)) == want
+    for a, b, sab, sba in zip(pairs.a, pairs.b, pairs.s_ab, pairs.s_ba, strict=True):
+        assert sab == pytest.approx(s[a, b], abs=1e-4) and sba == pytest.approx(s[b, a], abs=1e-4)
+    only = self_join(snap, query_ids=np.array([41, 999]), floor=floor, neighbours=8, depth=8)
+    assert set(zip(only.a.tolist(), only.b.tolist(), strict=True)) == {(7, 41), (41, 42)}
+    snap.close()
+
+
+def test_incremental_run_searches_only_new_and_changed_images(tmp_path, tiny_encoder):
+    from regis.duplicates.finder import update_pairs
+    from regis.indexes.table import ImageRecord
+    from regis.indexes.writer import IndexWriter
+
+    index, tokens = _random_index(tmp_path, tiny_encoder)
+    cfg = DuplicateConfig(floor=0.6, depth=8, verify=False)
+    with _open(index) as snap:
+        first = update_pairs(snap, cfg, resolve=lambda rec: None)
+    assert first.searched == 60 and first.from_version is None and len(first.stored.table) == 4
+    rng = np.random.default_rng(1)
+    new = tokens[3] + 0.15 * rng.normal(size=tokens[3].shape)
+    new /= np.linalg.norm(new, axis=-1, keepdims=True)
+    with IndexWriter(index, tiny_encoder.config, tiny_encoder.weights_info) as w:
+        (i,) = w.allocate_ids(1)
+        w.put([ImageRecord(int(i), "new.png", "f" * 64, 64, 48, 100, 0.0)], new[None].astype(np.float16))
+        w.delete([42])
+        w.commit()
+    with _open(index) as snap:
+        second = update_pairs(snap, cfg, resolve=lambda rec: None)
+        again = update_pairs(snap, cfg, resolve=lambda rec: None)
+    assert second.searched == 1 and second.from_version == 1
+    pairs = set(zip(second.stored.table.a.tolist(), second.stored.table.b.tolist(), strict=True))
+    assert pairs == {(3, 40), (7, 41), (3, 60), (40, 60)}  # 42 deleted, the new image 60 joins 3 and its copy
+    assert not again.computed_now and again.searched == 1 and len(again.stored.table) == 4  # stored: not redone
+
+
+class _open:
+    """``IndexSnapshot.open`` as a context manager."""
+
+    def __init__(self, index):
+        from regis.indexes.snapshot import IndexSnapshot
+
+        self.snap = IndexSnapshot.open(index)
+
+    def __enter__(self):
+        return self.snap
+
+    def __exit__(self, *exc):
+        self.snap.close()
+
+
+# ------------------------------------------------------------------ real photos
+def _jpeg(img: Image.Image, path, quality: int = 90) -> None:
+    img.convert("RGB").save(path, format="JPEG", quality=quality)
+
+
+def _captioned(img: Image.Image, text: str) -> Image.Image:
+    img = img.copy()
+    draw = ImageDraw.Draw(img)
+    draw.text((12, img.height - 40), text, font=ImageFont.load_default(size=28), fill=(255, 255, 255),
+              stroke_width=2, stroke_fill=(0, 0, 0))
+    return img
+
+
+@pytest.fixture(scope="module")
+def dup_folder(tmp_path_factory, photos_dir):
+    """Seven real-photo files: the cat photo, an edited copy of it (downscaled, captioned, JPEG q50) and a crop of
+    it (the left 55 %, 40 % of the area); two shots of the coffee scene by a moved camera
+    (``regis.data.near_duplicates.shot_of``); two unrelated photos."""
+    from regis.data.near_duplicates import shot_of
+
+    out = tmp_path_factory.mktemp("dups")
+    cat = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB")
+    _jpeg(cat, out / "cat.jpg", 95)
+    edit = _captioned(cat, "best cat").resize((cat.width * 6 // 10, cat.height * 6 // 10), Image.BICUBIC)
+    _jpeg(edit, out / "cat-edited.jpg", 50)
+    _jpeg(cat.crop((0, int(cat.height * 0.15), int(cat.width * 0.55), int(cat.height * 0.88))), out / "cat-crop.jpg")
+    coffee = Image.open(photos_dir / "skimage-coffee.png").convert("RGB")
+    w, h = coffee.size
+    rng = np.random.default_rng(0)
+    for n, (x0, y0) in enumerate(((0.0, 0.0), (0.22 * w, 0.18 * h))):  # windows of 64 % of the scene, IoU 0.45
+        window = (x0, y0, x0 + 0.8 * w, y0 + 0.8 * h)
+        data, _ = shot_of(coffee, window, (round(0.7 * w), round(0.7 * h)), rng)
+        (out / f"coffee-shot{n + 1}.jpg").write_bytes(data)
+    for name in ("skimage-astronaut.png", "skimage-rocket.jpg"):
+        shutil.copy(photos_dir / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dup_index(tmp_path_factory, dup_folder, lite0_encoder):
+    from conftest import build
+
+    index = tmp_path_factory.mktemp("dup-index")
+    build(dup_folder, index, lite0_encoder)
+    return index
+
+
+def _pair(out: dict, paths: dict, x: str, y: str) -> dict | None:
+    """The reported pair of the images with file names x and y (any group, any list)."""
+    ids = {paths[x], paths[y]}
+    for g in out["groups"]:
+        for p in g["pairs"] + g["related"]:
+            if {p["a"], p["b"]} == ids:
+                return p
+    return None
+
+
+def _paths(index) -> dict:
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index)
+    try:
+        return {r.path: i for i, r in snap.table.get_many(snap.store.live_ids.tolist()).items()}
+    finally:
+        snap.close()
+
+
+@pytest.mark.slow
+def test_real_photos_copy_found_crop_direction_right_other_shot_kept_apart(dup_index):
+    from regis.duplicates.api import find_duplicates
+
+    with _open(dup_index) as snap:
+        out = find_duplicates(snap)
+    paths = _paths(dup_index)
+    copy = _pair(out, paths, "cat.jpg", "cat-edited.jpg")
+    assert copy is not None and copy["relation"] == "edited_copy" and copy["verified"]
+    group = next(g for g in out["groups"] if paths["cat.jpg"] in [i["id"] for i in g["images"]])
+    assert sorted(i["id"] for i in group["images"]) == sorted([paths["cat.jpg"], paths["cat-edited.jpg"]])
+    assert group["keep"] == paths["cat.jpg"]  # the larger of the two
+    crop = _pair(out, paths, "cat.jpg", "cat-crop.jpg")
+    assert crop["relation"] == "crop" and crop["contains"] == paths["cat.jpg"]
+    assert crop["words"].startswith(f"image {paths['cat-crop.jpg']} is a crop of image {paths['cat.jpg']}")
+    geo = crop["geometry"]
+    assert 0.3 < (geo["a_in_b"] if crop["a"] == paths["cat.jpg"] else geo["b_covered"]) < 0.5  # 40 % of the photo
+    shots = _pair(out, paths, "coffee-shot1.jpg", "coffee-shot2.jpg")
+    assert shots is not None and shots["relation"] == "same_scene"  # reported ...
+    for g in out["groups"]:  # ... and never in one group
+        members = {i["id"] for i in g["images"]}
+        assert not {paths["coffee-shot1.jpg"], paths["coffee-shot2.jpg"]} <= members
+    unrelated = {paths["skimage-astronaut.png"], paths["skimage-rocket.jpg"]}
+    assert not any(unrelated & {p["a"], p["b"]} for g in out["groups"] for p in g["pairs"] + g["related"])
+    # the index's thresholds were written into its config on first use
+    assert (dup_index / "duplicates" / "config.json").is_file()
+    assert out["counts"]["duplicate_groups"] == 1
+
+
+@pytest.mark.slow
+def test_an_upload_joins_its_group_and_only_it_is_searched(dup_index, dup_folder, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    index = tmp_path / "index"
+    shutil.copytree(dup_index, index)
+    settings = Settings(index_dir=index, images_root=dup_folder, enable_jobs=True, index_poll_s=0.2,
+                        batch_max_size=1, torch_threads=1)
+    with TestClient(create_app(settings)) as client:
+        first = client.get("/v1/duplicates", params={"wait": 60})
+        assert first.status_code == 200
+        before = first.json()
+        assert before["counts"]["duplicate_groups"] == 1
+        cat = Image.open(dup_folder / "cat.jpg")
+        data = io.BytesIO()
+        _captioned(cat, "#tbt").resize((cat.width // 2, cat.height // 2)).save(data, format="JPEG", quality=70)
+        up = client.post("/v1/images", files={"files": ("cat-again.jpg", data.getvalue(), "image/jpeg")})
+        assert up.status_code == 201, up.text
+        new_id = up.json()["images"][0]["id"]
+        r = client.get("/v1/duplicates", params={"wait": 60, "explain": "true"})
+        assert r.status_code == 200
+        after = r.json()
+        assert after["index_version"] == before["index_version"] + 1
+        assert after["run"]["searched"] == 1 and after["run"]["reused_pairs"] >= 1  # only the upload was searched
+        group = after["groups"][0]
+        assert new_id in [i["id"] for i in group["images"]] and len(group["images"]) == 3
+        pair = next(p for p in group["pairs"] if new_id in (p["a"], p["b"]))
+        assert pair["relation"] == "edited_copy" and pair["explanation"]["a_to_b"]["matches"]
+        assert client.get("/v1/duplicates", params={"thresholds": '{"floor": 2}'}).status_code == 422
+        assert client.get("/v1/duplicates", params={"merge": "edited_copy"}).status_code == 422
+        assert client.get("/duplicates").status_code == 200
+
+
+@pytest.mark.slow
+def test_command_line(dup_index, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    index = tmp_path / "index"
+    shutil.copytree(dup_index, index)
+    runner = CliRunner()
+    r = runner.invoke(app, ["duplicates", str(index), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "1 duplicate groups" in r.output and "edited copy of" in r.output and "crop of" in r.output
+    r = runner.invoke(app, ["duplicates", str(index), "--json", "--relation", "crop", "--no-progress"])
+    out = json.loads(r.output)
+    assert not out["run"]["computed_now"]  # stored with the index version by the first run
+    assert {p["relation"] for g in out["groups"] for p in g["pairs"] + g["related"]} == {"crop"}
+    r = runner.invoke(app, ["duplicates", str(index), "--set", "edited_min_cover=0.99", "--save", "--show-config"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["edited_min_cover"] == 0.99
+    assert json.loads((index / "duplicates" / "config.json").read_text())["edited_min_cover"] == 0.99
+    r = runner.invoke(app, ["duplicates", str(index), "--set", "flor=1"])
+    assert r.exit_code != 0
