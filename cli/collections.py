@@ -68,8 +68,12 @@ def delete(
 ) -> None:
     """Delete a collection: its index, versions and tokens (uploaded files stored elsewhere stay)."""
     from cli.options import collections_root
+    from regis.indexes.collections import CollectionNotFoundError
 
     collections = collections_root(root)
+    if not collections.exists(name):
+        raise CollectionNotFoundError(f"no collection named {name!r} in {collections.root}",
+                                      hint="regis collections list")
     if not yes:
         typer.confirm(f"delete collection {name} and its index?", abort=True)
     collections.delete(name)

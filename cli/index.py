@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -107,18 +109,39 @@ def build(
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
                            candidates=candidates,
                            metadata=rows)
-    report = build_index(images_dir, index, encoder, options)
+    with _sigterm_as_interrupt():
+        report = build_index(images_dir, index, encoder, options)
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
         return
     version = f"version {report.version}" if report.version else "no change, index kept as it was"
+    resumed = f" ({report.resumed} embedded by the interrupted run)" if report.resumed else ""
     typer.echo(
-        f"{report.scanned} files scanned: {report.added} added, {report.updated} updated, {report.deleted} deleted, "
+        f"{report.scanned} files scanned: {report.added} added, {report.updated} updated{resumed}, "
+        f"{report.deleted} deleted, "
         f"{report.unchanged + report.touched} unchanged, {len(report.skipped)} skipped; {version}; "
         f"{report.total_s:.1f} s ({report.images_per_s:.1f} images/s embedding)"
     )
     for item in report.skipped:
         typer.echo(f"  skipped {item['path']}: {item['reason']}", err=True)
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """While a build runs, SIGTERM (``kill``, a stopping container) stops it as Ctrl-C does: the finished batches
+    stay staged and the command says how far it got (``indexer.resume``)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _collection_encoder(collection: str, root: Path | None, backbone, weights, random_init) -> tuple:

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
-from pydantic import ValidationError
 
 from cli.collections import app as collections_app
 from cli.duplicates import duplicates
@@ -21,7 +19,6 @@ from cli.keys import app as keys_app
 from cli.options import CollectionsRootOpt, Device, Weights
 from cli.serve import serve
 from cli.train import register as register_training
-from regis.errors import RegisError
 
 app = typer.Typer(
     name="regis",
@@ -37,6 +34,16 @@ app.command("serve")(serve)
 app.command("worker")(worker)
 app.command("duplicates")(duplicates)
 register_training(app)
+
+
+@app.callback()
+def root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback of an error (also REGIS_DEBUG=1); without it an "
+                                           "error is one line: exit status 2 for usage, 1 for failures.")
+    ] = False,
+) -> None:
+    """Multi-vector image retrieval: index folders of images, search them by example."""
 
 
 @app.command("backbones")
@@ -120,11 +127,13 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Search an index or collection with a query image (or an indexed image's id); prints rank, score, id and
-    path."""
+    path, and on stderr where the time went (load: imports, encoder and index; encode; search)."""
+    import time
+
+    t_start = time.perf_counter()
     from cli.options import index_dir_for
     from regis.errors import ConfigError
     from regis.indexes.filters import parse_filter
-    from regis.retrieve.query import QueryEngine
 
     paths = list(paths or [])
     index = paths.pop(0) if collection is None and paths else None
@@ -133,14 +142,20 @@ def search(
     if paths or (query_image is None) == (image_id is None):
         raise ConfigError("give one query: a QUERY_IMAGE or --id N (regis search INDEX_DIR QUERY_IMAGE, "
                           "regis search -c NAME QUERY_IMAGE, regis search -c NAME --id 7)")
+    if query_image is not None and not query_image.is_file():
+        raise ConfigError(f"query image {query_image} does not exist or is not a file")
     params = {"k": k, "depth": depth, "mode": "exact" if exact else "ann", "candidates": candidates}
     where = parse_filter(filter_)
     if where:
         params["where"] = where
-    # one query: an ONNX export (~3 s) would cost more than it saves, unless REGIS_QUERY_RUNTIME asks for it
-    runtime = None if "REGIS_QUERY_RUNTIME" in os.environ else "torch"
+    from regis.retrieve.query import QueryEngine
+
+    # One query: the fast inference copy (made and checked against the encoder: three forward passes, an ONNX
+    # export for ONNX Runtime) would cost more than it saves; REGIS_QUERY_RUNTIME asks for it anyway.
+    fast = "REGIS_QUERY_RUNTIME" in os.environ
     engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device,
-                              query_runtime=runtime)
+                              fast_encode=fast)
+    load_ms = (time.perf_counter() - t_start) * 1e3
     try:
         if image_id is not None:
             try:
@@ -152,6 +167,7 @@ def search(
             result = engine.search_file(query_image, **params)
     finally:
         engine.close()
+    result["timings_ms"] = {"load": load_ms, **result["timings_ms"]}
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -159,27 +175,26 @@ def search(
         typer.echo(f"{hit['rank']:4d}  {hit['score']:8.4f}  id={hit['id']:<8d} {hit['path']}")
     t = result["timings_ms"]
     typer.echo(
-        f"version {result['index_version']}, {result['num_candidates']} candidates; ms: decode {t['decode']:.1f}, "
-        f"encode {t['encode']:.1f}, candidates {t['candidates']:.1f}, rerank {t['rerank']:.1f}",
+        f"version {result['index_version']}, {result['num_candidates']} candidates; ms: load {t['load']:.0f} "
+        f"(imports, encoder, index), decode {t['decode']:.1f}, encode {t['encode']:.1f}, search "
+        f"{t['candidates'] + t['rerank']:.1f} (candidates {t['candidates']:.1f}, rerank {t['rerank']:.1f})",
         err=True,
     )
 
 
-def main() -> None:
-    """Entry point of the ``regis`` script: user errors print one line and exit with status 2."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``regis`` script. An error is one line on stderr (``cli.errors``: plus a ``hint:`` line
+    where one helps), exit status 2 for usage and 1 for failures, 130 when interrupted; ``--debug`` (anywhere on
+    the command line) or ``REGIS_DEBUG=1`` adds the traceback."""
+    from cli.errors import debug_requested, report
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = debug_requested(args)
+    args = [a for a in args if a != "--debug"]
     try:
-        code = app(standalone_mode=False)
-    except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except RegisError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except ValidationError as exc:  # settings or configs built from the command line
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        typer.echo(f"error: invalid value: {problems}", err=True)
-        sys.exit(2)
+        code = app(args=args, prog_name="regis", standalone_mode=False)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001  every error leaves as one line (cli.errors)
+        sys.exit(report(exc, debug))
     sys.exit(code if isinstance(code, int) else 0)

@@ -51,11 +51,19 @@ def serve(
 ) -> None:
     """Serve an index over HTTP: POST /v1/search, GET /v1/images/{id}, jobs and uploads (with --enable-jobs),
     /healthz, /readyz, /metrics, OpenAPI at /docs. Other settings come from REGIS_* environment variables."""
+    import os
+
     import uvicorn
 
-    from service.app import create_app
+    from regis.errors import ConfigError
+    from service.app import create_app, open_live_index
     from service.settings import Settings
 
+    if index is None and collections_root is None and not any(
+            os.environ.get(v) for v in ("REGIS_INDEX_DIR", "REGIS_COLLECTIONS_ROOT")):
+        raise ConfigError("no index to serve: pass --index DIR (an index built by regis index build) or "
+                          "--collections-root DIR (a folder of collections)",
+                          hint="regis index build PHOTOS --index DIR, then regis serve --index DIR")
     given = {
         "index_dir": index, "weights": weights, "device": device, "images_root": images_root,
         "enable_jobs": enable_jobs, "redis_url": redis_url, "uploads_dir": uploads_dir, "backbone": backbone,
@@ -67,5 +75,6 @@ def serve(
 
         serve_ray(settings, host, port, str(weights) if weights else None)
         return
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+    live = open_live_index(settings)  # a missing index or a mismatching encoder: one line, before the server starts
+    uvicorn.run(create_app(settings, live=live), host=host, port=port, log_level=log_level,
                 timeout_keep_alive=settings.keep_alive_s)

@@ -49,7 +49,8 @@ from service.settings import Settings
 
 log = logging.getLogger("regis.cluster")
 # what ``Shard.call`` runs besides search
-SHARD_METHODS = frozenset({"records", "select", "tokens", "info", "explain", "stored_image"})
+SHARD_METHODS = frozenset({"records", "select", "tokens", "info", "explain", "stored_image", "missing_fields",
+                           "field_names"})
 
 
 def _replica_on_loopback() -> None:

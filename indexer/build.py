@@ -17,14 +17,20 @@ from pathlib import Path
 from indexer.embed import BuildOptions, BuildReport, embed_entries
 from indexer.job_record import job_record
 from indexer.metadata import FACTS_KEY, read_sidecar
+from indexer.resume import BuildStaging
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from indexer.writers import open_writer
-from regis.errors import ConfigError
+from regis.errors import ConfigError, RegisError
 from regis.indexes.table import ImageRecord
 from regis.indexes.thumbnails import remove_thumbnails
 from regis.indexes.uploads import UPLOADS_PREFIX, is_upload_path
 from regis.indexes.writer import IndexWriter
 from regis.models.encoder import RegisEncoder
+
+
+class NoImagesError(RegisError):
+    """A build found no image file below its folder (nothing is changed: use ``regis collections delete`` or
+    delete the images' ids to empty an index)."""
 
 
 def _split_modified(modified: list[tuple[FileEntry, ImageRecord]]) -> tuple[list, list]:
@@ -213,8 +219,14 @@ def build_index(
     Returns:
         The build report (also saved as ``build_report.json`` in the new version, when there is one).
 
+    A build stopped while embedding (Ctrl-C, a signal, a crash) keeps its finished batches in the index's
+    staging area (``indexer.resume``, with ``options.resume``); the next build of the index reuses those whose
+    files did not change, and removes the area once its version is committed.
+
     Raises:
         ConfigError: ``images_dir`` is not a folder, or lies outside ``options.images_root``.
+        NoImagesError: no image file below ``images_dir`` (the index is left as it was).
+        Interrupted: Ctrl-C while embedding (the live version is unchanged; the staged batches are kept).
         IndexMismatchError: the index was built with another encoder.
         IndexLockedError: another build holds the index.
     """
@@ -246,6 +258,10 @@ def build_index(
         t0 = time.perf_counter()
         rebased = _rebase(writer, old_root, base)
         entries = scan_folder(root, exclude=(index_path,), confine_to=base)
+        if not entries:  # a typo or the wrong folder, far more often than "delete everything below it"
+            raise NoImagesError(f"no images found under {root}; the index is unchanged",
+                                hint="regis indexes JPEG, PNG, WebP, BMP, TIFF and GIF files, skipping hidden "
+                                     "files and folders")
         if scope:
             entries = [FileEntry(f"{scope}/{e.path}", e.abspath, e.bytes, e.mtime) for e in entries]
         managed = _managed_records(writer, str(base), scope, options.replace, rebased)
@@ -255,18 +271,22 @@ def build_index(
         report.unchanged = len(bp.plan.unchanged)
         report.touched = len(bp.touched)
         jobs = bp.jobs
-        failed = set(embed_entries(writer, encoder, jobs, options, report)) if jobs else set()
+        staging = BuildStaging(index_path, {"config": encoder.config.model_dump(mode="json"),
+                                            "weights_sha256": encoder.weights_info.sha256}) if options.resume else None
+        failed = set(embed_entries(writer, encoder, jobs, options, report, staging)) if jobs else set()
         report.added = sum(1 for _, i, _ in jobs[: bp.num_new] if i not in failed)
         report.updated = sum(1 for _, i, _ in jobs[bp.num_new :] if i not in failed)
         # A changed file that no longer decodes leaves the index, like a deleted one.
         finish_plan(writer, bp, managed, failed)
         report.deleted = len(bp.plan.deleted)
         t0 = time.perf_counter()
-        report.images_per_s = (report.added + report.updated) / report.embed_s if report.embed_s > 0 else 0.0
+        report.images_per_s = report.embedded_now / report.embed_s if report.embed_s > 0 else 0.0
         report.total_s = time.perf_counter() - t_total
         manifest = writer.commit({**report.to_json(), **job_record(options.job_id)})
         report.write_s = time.perf_counter() - t0
         report.version = manifest.version if manifest else None
+        if staging is not None:
+            staging.remove()  # committed (or nothing to commit): the staged embeddings are not needed any more
     if manifest is not None:  # the thumbnails of files gone or changed (regis.indexes.thumbnails)
         remove_thumbnails(index_path, [r.sha256 for r in bp.plan.deleted] + [r.sha256 for _, r in bp.changed])
     report.total_s = time.perf_counter() - t_total

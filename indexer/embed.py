@@ -3,17 +3,21 @@ that folder builds (``indexer.build``) and uploads (``indexer.uploads``) share."
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 from torch.utils.data import DataLoader
 
 from indexer.dataset import ImageFileDataset, collate_items
 from indexer.metadata import FACTS_KEY
+from indexer.resume import BuildStaging
 from indexer.scan import FileEntry
+from regis.errors import Interrupted
 from regis.faults import pause_point
 from regis.images.decode import DEFAULT_MAX_PIXELS
 from regis.images.exif import path_facts
@@ -23,6 +27,7 @@ from regis.models.encoder import RegisEncoder
 from regis.models.transforms import eval_transform
 
 ProgressFn = Callable[[dict], None]
+log = logging.getLogger("regis.indexer")
 
 
 @dataclass
@@ -54,6 +59,8 @@ class BuildOptions:
             ("bounded" for a new one).
         job_id: the queued job this build runs for; recorded with the version it publishes
             (``indexer.job_record``), so that a re-run of the job can report this run's result.
+        resume: keep the embeddings of finished batches in the index's staging area (``indexer.resume``) until
+            the build commits, and reuse those an interrupted run of the build left there.
     """
 
     batch_size: int = 32
@@ -72,13 +79,15 @@ class BuildOptions:
     candidates: str | None = None
     metadata: dict[str, dict] | None = None
     job_id: str | None = None
+    resume: bool = True
 
 
 @dataclass
 class BuildReport:
     """What a build did. Times in seconds; ``images_per_s`` counts embedded images over the embedding time.
 
-    ``skipped`` lists {"path", "reason"} of files that could not be indexed.
+    ``skipped`` lists {"path", "reason"} of files that could not be indexed; ``resumed`` counts the added and
+    updated images whose embeddings an interrupted run of the build had staged (``indexer.resume``).
     Time split of the embedding loop (``embed_s``): ``decode_s`` = waiting for decoded batches (all of the
     read + decode + transform time with ``num_workers=0``; only the part the workers could not hide behind
     the encoder otherwise), ``encode_s`` = the encoder forward, ``put_s`` = writing token rows
@@ -95,6 +104,7 @@ class BuildReport:
     touched: int = 0
     deleted: int = 0
     skipped: list[dict] = field(default_factory=list)
+    resumed: int = 0
     scan_s: float = 0.0
     embed_s: float = 0.0
     encode_s: float = 0.0
@@ -103,10 +113,13 @@ class BuildReport:
     put_s: float = 0.0
     total_s: float = 0.0
     images_per_s: float = 0.0
+    embedded_now: int = field(default=0, repr=False)  # images embedded by this run (not staged before)
 
     def to_json(self) -> dict:
         """JSON-ready dict."""
-        return asdict(self)
+        out = asdict(self)
+        out.pop("embedded_now")
+        return out
 
 
 def _default_workers(n_images: int, batch_size: int) -> int:
@@ -121,8 +134,61 @@ def embed_entries(
     jobs: list[tuple[FileEntry, int, dict]],
     options: BuildOptions,
     report: BuildReport,
+    staging: BuildStaging | None = None,
 ) -> list[int]:
-    """Embed ``jobs`` (entry, image id, metadata) and put them in the writer; returns ids that failed."""
+    """Embed ``jobs`` (entry, image id, metadata) and put them in the writer; returns ids that failed.
+
+    With ``staging``, images it holds for the same file (path, size, mtime) are put from there, and each batch
+    embedded now is staged before the next one starts (``indexer.resume``).
+
+    Raises:
+        Interrupted: Ctrl-C (KeyboardInterrupt) while embedding with ``staging``: the message says how many of
+            the images are embedded (staged) and that running the build again resumes it.
+    """
+    failed_ids: list[int] = []
+    t_start = time.perf_counter()
+    todo = jobs
+    if staging is not None:
+        staging.clean_temporary()
+        staged = staging.load({e.path: (e.bytes, e.mtime) for e, _, _ in jobs})
+        if staged:
+            todo = [job for job in jobs if job[0].path not in staged]
+            _put_staged(writer, [job for job in jobs if job[0].path in staged], staged)
+            report.resumed = len(jobs) - len(todo)
+            log.info("resuming a build: %d of %d images were embedded by an interrupted run", report.resumed,
+                     len(jobs))
+    if todo:
+        try:
+            _embed(writer, encoder, todo, options, report, staging, failed_ids, total=len(jobs))
+        except KeyboardInterrupt:
+            if staging is None:
+                raise
+            embedded = report.resumed + report.embedded_now
+            raise Interrupted(f"interrupted: {embedded} of {len(jobs)} embedded, run again to resume") from None
+    report.embed_s = time.perf_counter() - t_start
+    return failed_ids
+
+
+def _put_staged(writer: IndexWriter, jobs: list[tuple[FileEntry, int, dict]], staged: dict,
+                chunk: int = 256) -> None:
+    """Put the staged images of ``jobs`` in the writer, ``chunk`` at a time (grouped by patch grid)."""
+    for start in range(0, len(jobs), chunk):
+        part = jobs[start : start + chunk]
+        by_grid: dict[tuple[int, int], list] = {}
+        for job in part:
+            by_grid.setdefault(staged[job[0].path].grid, []).append(job)
+        for grid, group in by_grid.items():
+            images = [staged[e.path] for e, _, _ in group]
+            records = [image_record(e, i, meta, img.item) for (e, i, meta), img in zip(group, images, strict=True)]
+            writer.put(records, np.stack([img.tokens for img in images]),
+                       buddies=np.stack([img.buddies for img in images]), grid=grid)
+
+
+def _embed(writer: IndexWriter, encoder: RegisEncoder, jobs: list[tuple[FileEntry, int, dict]],
+           options: BuildOptions, report: BuildReport, staging: BuildStaging | None, failed_ids: list[int],
+           total: int) -> None:
+    """The embedding loop of ``embed_entries`` over the jobs left to embed (``total``: the build's, for the
+    progress)."""
     cfg = encoder.config
     dataset = ImageFileDataset(
         [e.abspath for e, _, _ in jobs], eval_transform(cfg), options.max_pixels,
@@ -132,13 +198,12 @@ def embed_entries(
     if workers is None:
         workers = _default_workers(len(jobs), options.batch_size)
     loader = DataLoader(dataset, batch_size=options.batch_size, num_workers=workers, collate_fn=collate_items)
+    done = total - len(jobs)
     bar = None
     if options.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(jobs), unit="img", desc="embedding", dynamic_ncols=True)
-    failed_ids: list[int] = []
-    done = 0
+        bar = tqdm(total=total, initial=done, unit="img", desc="embedding", dynamic_ncols=True)
     t_start = time.perf_counter()
     try:
         batches = iter(loader)
@@ -161,20 +226,23 @@ def embed_entries(
                 t0 = time.perf_counter()
                 writer.put(records, tokens, buddies=buddies, grid=grid)
                 report.put_s += time.perf_counter() - t0
-            done += len(batch["ok"]) + len(batch["failed"])
+                if staging is not None:
+                    staging.save([jobs[item["index"]][0] for item in batch["ok"]], batch["ok"], tokens, buddies,
+                                 grid)
+                report.embedded_now += len(batch["ok"])
+            n = len(batch["ok"]) + len(batch["failed"])
+            done += n
             elapsed = time.perf_counter() - t_start
             if bar is not None:
-                bar.update(len(batch["ok"]) + len(batch["failed"]))
+                bar.update(n)
                 bar.set_postfix(skipped=len(report.skipped))
             if options.on_progress is not None:
-                options.on_progress({"done": done, "total": len(jobs), "skipped": len(report.skipped),
-                                     "images_per_s": done / elapsed if elapsed > 0 else 0.0})
+                options.on_progress({"done": done, "total": total, "skipped": len(report.skipped),
+                                     "images_per_s": (done - (total - len(jobs))) / elapsed if elapsed > 0 else 0.0})
             pause_point("build.batch-reported")
     finally:
         if bar is not None:
             bar.close()
-    report.embed_s = time.perf_counter() - t_start
-    return failed_ids
 
 
 def image_record(entry: FileEntry, image_id: int, meta: dict, item: dict) -> ImageRecord:

@@ -6,7 +6,20 @@ never need ``str()`` of an unexpected exception.
 
 
 class RegisError(Exception):
-    """Base class of every error regis raises on purpose."""
+    """Base class of every error regis raises on purpose.
+
+    Args:
+        message: what is wrong, for the user.
+        hint: what to do about it, when that is not in the message (the command line prints it as a second
+            ``hint:`` line).
+    """
+
+    hint: str | None = None
+
+    def __init__(self, *args, hint: str | None = None):
+        super().__init__(*args)
+        if hint is not None:
+            self.hint = hint
 
 
 class ConfigError(RegisError, ValueError):
@@ -35,6 +48,11 @@ class IndexMismatchError(RegisError):
 
 class IndexLockedError(RegisError):
     """Another process holds the write lock of an index directory."""
+
+
+class Interrupted(RegisError):
+    """Work stopped by Ctrl-C or a termination signal; the message says what was kept (e.g. a build's staged
+    embeddings, picked up by the next run)."""
 
 
 class NotSupportedError(RegisError):

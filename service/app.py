@@ -44,22 +44,42 @@ def load_engine(settings: Settings):
     )
 
 
-def _start(app: FastAPI, settings: Settings) -> None:
-    """Lifespan start: the live index, the job queue, the cache and the index watcher."""
+def open_live_index(settings: Settings):
+    """The default collection's ``LiveIndex``, loaded (``LiveIndex.load``) with its query copy made: what the
+    lifespan starts with. ``regis serve`` calls it before the server starts, so that a missing index or a
+    mismatching encoder is one line on the command line, not a traceback in the server's log.
+
+    Raises:
+        IndexFormatError / IndexMismatchError / WeightsError / ConfigError: as ``LiveIndex.load``.
+    """
+    from service.live import LiveIndex
+
+    live = LiveIndex(settings)
+    try:
+        live.load()
+        if live.engine is not None:
+            _ = live.engine.query_encoder  # the query copy made (and checked) now, not on the first query (ONNX: ~3 s)
+    except BaseException:
+        live.close()
+        raise
+    return live
+
+
+def _start(app: FastAPI, settings: Settings, live=None) -> None:
+    """Lifespan start: the live index (``live``: one opened before, by ``open_live_index``), the job queue, the
+    cache and the index watcher."""
     from regis.jobs.names import RedisNames
     from service.collections import CollectionRegistry
     from service.jobs import make_job_queue
-    from service.live import IndexWatcher, LiveIndex
+    from service.live import IndexWatcher
 
     metrics: Metrics = app.state.metrics
 
     def on_swap(version: int) -> None:
         metrics.index_swaps.inc()
 
-    live = LiveIndex(settings, on_swap=on_swap)
-    live.load()
-    if live.engine is not None:
-        _ = live.engine.query_encoder  # the query copy made (and checked) now, not on the first query (ONNX: ~3 s)
+    live = live if live is not None else open_live_index(settings)
+    live.on_swap = on_swap
     app.state.live = live
     names = RedisNames(settings.redis_prefix)
     if settings.enable_jobs:
@@ -124,7 +144,8 @@ def _stop(app: FastAPI) -> None:
         live.close()
 
 
-def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI], None] | None = None) -> FastAPI:
+def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI], None] | None = None,
+               live=None) -> FastAPI:
     """Build the app.
 
     Args:
@@ -133,6 +154,8 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
             (tests that override ``get_engine`` pass False).
         start: replaces that start-up (called with the app in the lifespan; it sets ``app.state.live`` and what
             else it serves): ``cluster.serve`` serves a collection on Ray Serve this way, with the same routes.
+        live: the default collection's live index, already opened (``open_live_index``); None: opened in the
+            lifespan.
     """
 
     @asynccontextmanager
@@ -144,7 +167,7 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
             if start is not None:
                 start(app)
             elif load:
-                _start(app, settings)
+                _start(app, settings, live)
             yield
         finally:
             _stop(app)

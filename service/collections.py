@@ -18,6 +18,7 @@ from regis.indexes.collections import (
     CollectionNotFoundError,
     CollectionsRoot,
 )
+from regis.indexes.layout import read_current
 from service.errors import APIError
 from service.live import LiveIndex
 
@@ -131,9 +132,38 @@ class CollectionRegistry:
 
     # ------------------------------------------------------------------ management
     def names(self) -> list[str]:
-        """Every collection, the default one included."""
+        """Every collection: the default one too, unless it is a collections root's default collection that holds
+        no index and that this read-only service cannot write (``default_missing``)."""
         names = set(self.root.names()) if self.root is not None else set()
-        return sorted(names | {self.default_name})
+        if not self.default_missing() or self._jobs.get(self.default_name) is not None:
+            names.add(self.default_name)
+        return sorted(names)
+
+    def default_missing(self) -> bool:
+        """Whether the default collection is a collections root's (``LiveIndex.is_default_collection``) that has
+        no index version to search."""
+        live = self._live.get(self.default_name)
+        return live is not None and live.engine is None and live.is_default_collection
+
+    def searchable_names(self) -> list[str]:
+        """The collections that hold an index version (what a search can be sent to), by name."""
+        out = []
+        for name in self.names():
+            live = self._live.get(name)
+            if live is not None and live.engine is not None:
+                out.append(name)
+            elif self.root is not None and self.root.exists(name) and read_current(self.root.path(name)):
+                out.append(name)
+        return out
+
+    def no_default_error(self) -> APIError:
+        """The 404 of a default-collection route when ``default_missing``: it names the collections to use."""
+        names = self.searchable_names()
+        listed = ", ".join(names[:20]) + (f" (and {len(names) - 20} more)" if len(names) > 20 else "")
+        where = f"search one of its collections: {listed}" if names else "it has no collection with images yet"
+        return APIError(404, "no_default_collection",
+                        f"this service has no default collection ({self.default_name!r} holds no index); {where}, "
+                        "under /v1/collections/{name}/search", collections=names)
 
     def describe(self, name: str) -> dict:
         """{"name", "default", "loaded", "index_version", "images", "backbone", "config"} of a collection."""

@@ -66,10 +66,16 @@ def get_engine(request: Request) -> QueryEngine:
     """The query engine over the live index version.
 
     Raises:
-        APIError: 503 when no index version is loaded yet.
+        APIError: 404 ``no_default_collection`` on a default route when the service's collections root has no
+            default collection (the message and ``collections`` name those that can be searched); 503 when no
+            index version is loaded yet.
     """
     live = get_live(request)
     engine = live.engine if live is not None else getattr(request.app.state, "engine", None)
+    registry = get_registry(request)
+    if engine is None and get_collection_name(request) is None and registry is not None \
+            and registry.default_missing():
+        raise registry.no_default_error()
     if engine is None:
         hint = (" yet: index a folder (POST /v1/jobs/index) or upload images (POST /v1/images)"
                 if getattr(request.app.state, "jobs", None) is not None else "")
@@ -128,12 +134,12 @@ def search_extras(
         APIError: 422 for a malformed filter (the message says what is wrong).
     """
     from regis.errors import ConfigError
-    from regis.indexes.filters import compile_filter, parse_filter
+    from regis.indexes.filters import compile_filter, filter_options, parse_filter
 
     out: dict = {}
     try:
         where = parse_filter(filter)
-        if where is not None:
+        if where is not None and filter_options(where)[0] is not None:  # {"strict": false} alone: no filter
             compile_filter(where)  # refuse a bad filter before any work
             out["where"] = where
     except ConfigError as exc:

@@ -18,6 +18,7 @@ from regis.errors import (
     NotSupportedError,
     UnavailableError,
 )
+from regis.indexes.filters import UnknownFieldError
 from regis.jobs.model import QueueUnavailableError
 
 log = logging.getLogger("regis.service")
@@ -71,6 +72,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ImageDecodeError)
     async def _bad_image(_: Request, exc: ImageDecodeError):
         return JSONResponse(error_body("invalid_image", str(exc)), status_code=400)
+
+    @app.exception_handler(UnknownFieldError)
+    async def _unknown_field(_: Request, exc: UnknownFieldError):
+        return JSONResponse(error_body("unknown_filter_field", str(exc), fields=exc.fields,
+                                       suggestions=exc.suggestions), status_code=422)
 
     @app.exception_handler(ConfigError)
     async def _bad_param(_: Request, exc: ConfigError):

@@ -65,6 +65,13 @@ class LiveIndex:
             out["shards"] = [{k: i[k] for k in ("shard", "version", "images", "state")} for i in infos]
         return out
 
+    @property
+    def is_default_collection(self) -> bool:
+        """Whether this is the default collection of a collections root (``index_dir`` not set apart from it):
+        a service of collections starts without it, a service of one index does not."""
+        s = self.settings
+        return s.collections_root is not None and Path(s.index_dir) == Path(s.collections_root) / s.default_collection
+
     def _current(self) -> str | None:
         return read_current(self.index_dir) if self.index_dir.is_dir() else None
 
@@ -89,7 +96,8 @@ class LiveIndex:
         """Open the live version at startup.
 
         Without an index, a service with ``enable_jobs`` builds the configured encoder and waits for the first
-        version; a read-only one fails.
+        version; so does the default collection of a collections root (``is_default_collection``), without
+        building the encoder; any other read-only one fails.
 
         Raises:
             IndexFormatError: no readable index (read-only service), or a corrupt one.
@@ -104,6 +112,10 @@ class LiveIndex:
         if self._current() is None and s.enable_jobs:
             self.encoder = self._build_encoder()
             log.info("no index in %s yet: waiting for the first version", self.index_dir)
+            return
+        if self._current() is None and self.is_default_collection:
+            log.info("the default collection %s holds no index: the routes without /v1/collections/{name} answer "
+                     "404 until it has one", self.index_dir)
             return
         if s.backbone is None and not s.random_init:  # the index's own encoder (as before jobs existed)
             self.engine = QueryEngine.open(s.index_dir, weights=str(s.weights) if s.weights else None,

@@ -40,11 +40,11 @@ def test_search_prints_ranked_results(cli_index, photos_dir):
     assert as_json["mode"] == "exact" and as_json["results"][0]["path"] == "skimage-coffee.png"
 
 
-def test_errors_name_the_file_and_exit_2(cli_index, tmp_path):
+def test_errors_name_the_file_and_exit_2_for_usage_1_for_failures(cli_index, tmp_path):
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"nope")
-    out = regis("search", cli_index, bad, check=False)
-    assert out.returncode == 2 and "broken.jpg" in out.stderr and "not an image" in out.stderr
+    out = regis("search", cli_index, bad, check=False)  # the work failed: the file is not an image
+    assert out.returncode == 1 and "broken.jpg" in out.stderr and "not an image" in out.stderr
     assert "Traceback" not in out.stderr
     out = regis("search", cli_index, tmp_path / "missing.png", check=False)
     assert out.returncode == 2 and "missing.png" in out.stderr

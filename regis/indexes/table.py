@@ -69,6 +69,8 @@ class ImageTable:
 
     def __init__(self, path: Path, readonly: bool = True):
         self.path = Path(path)
+        self.readonly = readonly
+        self._fields: dict[str, bool] = {}  # field -> some row has it (read-only tables: missing_fields)
         self._lock = threading.Lock()
         if readonly:
             uri = f"file:{self.path}?mode=ro&immutable=1"
@@ -134,6 +136,25 @@ class ImageTable:
         """
         rows = self._query(f"SELECT id FROM images WHERE {where} ORDER BY id", params)
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    def missing_fields(self, fields: list[str]) -> list[str]:
+        """The metadata fields (dotted keys, ``regis.indexes.filters``) that no row has, in the order given. A
+        read-only table (a snapshot's, which never changes) remembers each answer.
+        """
+        cache = self._fields if self.readonly else {}
+        for name in fields:
+            if name not in cache:
+                rows = self._query("SELECT EXISTS (SELECT 1 FROM images WHERE json_type(metadata, ?) IS NOT NULL)",
+                                   ("$." + name,))
+                cache[name] = bool(rows[0][0])
+        return [name for name in fields if not cache[name]]
+
+    def field_names(self) -> set[str]:
+        """Every metadata field some row has, as dotted keys (nested objects give "file", "file.folder", ...;
+        nothing inside lists). Reads every row's metadata: for error messages, not for each query."""
+        rows = self._query("SELECT DISTINCT fullkey FROM images, json_tree(images.metadata) "
+                           "WHERE images.metadata IS NOT NULL AND fullkey != '$' AND instr(fullkey, '[') = 0")
+        return {r[0][2:] for r in rows if r[0].startswith("$.")}
 
     def select_where(self, where: str | None, params: Iterable = (), limit: int = 100,
                      offset: int = 0) -> tuple[list[ImageRecord], int]:

@@ -24,6 +24,7 @@ from regis.models.roi import BORDER_MODES, buddy_patches, check_roi_size, roi_to
 from regis.models.weights import (
     LoadedWeights,
     create_timm_model,
+    hub_model,
     load_into,
     package_weights,
     read_weights_file,
@@ -332,7 +333,7 @@ def _resolve_weights(
         load_into(model, pkg.state_dict, spec, pkg.source)
         return model, pkg.source
     if spec.default_weights == "hub":
-        return create_timm_model(spec, pretrained=True), f"hub:{spec.timm_name}"
+        return hub_model(spec), f"hub:{spec.timm_name}"
     raise WeightsError(
         f"backbone {spec.name} has no pretrained weights; pass --weights PATH, or --random-init for tests"
     )

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,3 +224,76 @@ def create_timm_model(spec: BackboneSpec, pretrained: bool = False) -> nn.Module
             f"could not download the {spec.timm_name} weights from the model hub "
             f"({type(exc).__name__}); {OFFLINE_HINT}"
         ) from exc
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+HUB_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_reachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the model hub (``HF_ENDPOINT``, default huggingface.co; through
+    ``HTTPS_PROXY`` when set) opens within ``timeout_s`` seconds. False at once under ``HF_HUB_OFFLINE`` and
+    when the name does not resolve, so an offline machine never waits for the hub client's download retries
+    (five, 31 s of back-off).
+    """
+    from urllib.parse import urlparse
+
+    if _truthy("HF_HUB_OFFLINE"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    target = urlparse(proxy if proxy and endpoint.scheme == "https" else endpoint.geturl())
+    host = target.hostname
+    port = target.port or (443 if target.scheme == "https" else 80)
+    if not host:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def cached_hub_file(spec: BackboneSpec) -> Path | None:
+    """The backbone's hub weights in the local Hugging Face cache (``HF_HOME``), or None."""
+    try:
+        import timm
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        repo = timm.models.get_pretrained_cfg(spec.timm_name).hf_hub_id
+    except Exception:
+        return None
+    if not repo:
+        return None
+    for filename in HUB_FILES:
+        found = try_to_load_from_cache(repo, filename)
+        if isinstance(found, str):
+            return Path(found)
+    return None
+
+
+def hub_model(spec: BackboneSpec) -> nn.Module:
+    """The timm model of ``spec`` with its hub weights: downloaded (or refreshed) when the hub answers, read from
+    the local cache when it does not; with neither, ``WeightsError`` at once (``hub_reachable``).
+
+    Raises:
+        WeightsError: the hub cannot be reached and the weights are not cached, or the download fails.
+        ConfigError: the timm name is unknown.
+    """
+    if hub_reachable():
+        return create_timm_model(spec, pretrained=True)
+    cached = cached_hub_file(spec)
+    if cached is None:
+        endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+        why = "HF_HUB_OFFLINE is set" if _truthy("HF_HUB_OFFLINE") else f"{endpoint} cannot be reached"
+        raise WeightsError(f"could not download the {spec.timm_name} weights from the model hub ({why}, and they "
+                           f"are not in the local cache); {OFFLINE_HINT}")
+    model = create_timm_model(spec, pretrained=False)
+    load_into(model, read_weights_file(cached).state_dict, spec, f"hub:{spec.timm_name} (cached)")
+    return model

@@ -59,7 +59,7 @@ class QueryEngine:
     @classmethod
     def open(cls, index_dir: Path | str, weights: str | None = None, device: str = "cpu",
              max_pixels: int = DEFAULT_MAX_PIXELS, query_runtime: str | None = None,
-             query_threads: int | None = None) -> QueryEngine:
+             query_threads: int | None = None, fast_encode: bool = True) -> QueryEngine:
         """Open the live version of ``index_dir`` with the encoder its manifest names.
 
         Args:
@@ -67,7 +67,8 @@ class QueryEngine:
             weights: weights path overriding the manifest's ``file:`` source (must have the same checksum).
             device: torch device.
             max_pixels: decompression-bomb limit, pixels.
-            query_runtime, query_threads: as the constructor's.
+            query_runtime, query_threads, fast_encode: as the constructor's (a single query, ``regis search``:
+                fast_encode=False, as making and checking the inference copy costs more than it saves).
 
         Raises:
             IndexFormatError: no readable index.
@@ -79,7 +80,7 @@ class QueryEngine:
             stored = stored_weights(index_dir, snapshot.manifest.weights)
             encoder = encoder_from_manifest(snapshot.manifest.encoder, snapshot.manifest.weights, weights, device,
                                             stored=str(stored) if stored else None)
-            return cls(encoder, snapshot, device, max_pixels, query_runtime=query_runtime,
+            return cls(encoder, snapshot, device, max_pixels, fast_encode=fast_encode, query_runtime=query_runtime,
                        query_threads=query_threads)
         except BaseException:
             snapshot.close()
@@ -175,14 +176,20 @@ class QueryEngine:
         ``candidates`` None uses the manifest's candidate method ("bounded" or "depth").
         ``where``: a metadata filter (``regis.indexes.filters``; ``regis.retrieve.filtered``); ``offset``: skip the
         best ``offset`` results (paging: ranks stay global); ``score_threshold``: drop results scoring below it.
+
+        Raises:
+            UnknownFieldError: ``where`` reads a metadata field no image has (and does not say "strict": false).
+            ConfigError: bad parameters or filter.
         """
         searcher = self.searcher  # one snapshot for the whole query, even if a swap happens meanwhile
         want = k + offset
         if want > MAX_K:
             raise ConfigError(f"k + offset must be <= {MAX_K}, got {want}")
         if where:
+            from regis.indexes.filters import check_fields
             from regis.retrieve.filtered import allowed_ids, search_filtered
 
+            check_fields(searcher.snapshot.table, where)  # a field no image has: an error, unless "strict": false
             allowed = allowed_ids(searcher.snapshot, where)
             result = search_filtered(searcher, tokens, allowed, k=want, depth=depth, mode=mode, nprobe=nprobe,
                                      candidates=candidates)

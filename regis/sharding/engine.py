@@ -180,6 +180,25 @@ class ShardedTable:
             return None
         return self.get_many([int(image_id)]).get(int(image_id))
 
+    def missing_fields(self, fields: list[str]) -> list[str]:
+        """The metadata fields no image of any shard has (``ImageTable.missing_fields``), in the order given.
+
+        Raises:
+            ShardsUnavailableError: a shard did not answer.
+        """
+        state = self.engine.state
+        calls = [self.engine._call(state, s, "missing_fields", list(fields)) for s in range(self.engine.num_shards)]
+        missing = set(fields)
+        for i, call in enumerate(calls):
+            missing &= set(self.engine._answer(i, call, required=True))
+        return [f for f in fields if f in missing]
+
+    def field_names(self) -> set[str]:
+        """Every metadata field some image of some shard has (``ImageTable.field_names``)."""
+        state = self.engine.state
+        calls = [self.engine._call(state, s, "field_names") for s in range(self.engine.num_shards)]
+        return set().union(*(set(self.engine._answer(i, c, required=True)) for i, c in enumerate(calls)))
+
     def select_where(self, where: str | None, params=(), limit: int = 100, offset: int = 0
                      ) -> tuple[list[ImageRecord], int]:
         """A page of the rows matching a compiled metadata filter (``ImageTable.select_where``), in global id
@@ -369,6 +388,10 @@ class ShardedQueryEngine(QueryEngine):
         want = k + offset
         if want > MAX_K:
             raise ConfigError(f"k + offset must be <= {MAX_K}, got {want}")
+        if where:
+            from regis.indexes.filters import check_fields
+
+            check_fields(self.snapshot.table, where)  # over the whole collection: a shard may lack a field
         query = np.ascontiguousarray(tokens, dtype=np.float32)
         state = self.state  # the whole query reads this one state
         calls = [self._call(state, s, "search", query, want, depth, mode, nprobe, candidates, where)

@@ -114,6 +114,14 @@ class ShardSearcher:
         r.ids = to_global(r.ids, self.shard, self.num_shards)
         return r
 
+    def missing_fields(self, fields: list[str]) -> list[str]:
+        """The metadata fields no image of this shard has (``ImageTable.missing_fields``; empty shard: all)."""
+        return self.searcher.snapshot.table.missing_fields(fields) if self.searcher is not None else list(fields)
+
+    def field_names(self) -> set[str]:
+        """The metadata fields some image of this shard has (``ImageTable.field_names``)."""
+        return self.searcher.snapshot.table.field_names() if self.searcher is not None else set()
+
     def select(self, where: str | None, params: list, limit: int, offset: int) -> tuple[list[ImageRecord], int]:
         """The first ``offset + limit`` rows of this shard matching a compiled metadata filter (``where``, SQL
         with ``params``: ``regis.indexes.filters.compile_filter``; None: every row) in id order, with global ids,

@@ -34,12 +34,14 @@ async def list_images(
 ) -> dict:
     """The indexed images in id order, ``limit`` per page from ``offset``, optionally filtered by metadata
     (``filter``: the search filter language). ``total`` counts every image matching the filter."""
-    from regis.indexes.filters import compile_filter
+    from regis.indexes.filters import check_fields, compile_filter
 
     if "score_threshold" in extras:
         raise APIError(422, "unknown_parameter", "score_threshold applies to searches only")
     where, params = compile_filter(extras["where"]) if "where" in extras else (None, [])
     snapshot = engine.snapshot
+    if where is not None:
+        await run_in_threadpool(check_fields, snapshot.table, extras["where"])
     offset = extras.get("offset", 0)
     records, total = await run_in_threadpool(snapshot.table.select_where, where, params, limit, offset)
     return {"index_version": snapshot.version, "total": total, "offset": offset, "limit": limit,
