@@ -12,6 +12,9 @@ Points (where the window is):
     ``upload.staged``            API: an upload's files are staged, its job not yet queued.
     ``job.placed``               job: uploaded files moved to their content-addressed place, index not yet
                                  written.
+    ``build.staging-unnamed``    folder build: an embedded batch's staging file is written under its temporary name,
+                                 not yet renamed into ``INDEX/resume`` (``indexer.resume``).
+    ``build.batch-staged``       folder build: a batch is staged, the build not committed (the next run resumes).
     ``job.published``            job (index, add, delete, metadata): its new version is live, the job not yet reported
                                  done (a re-run then replays the result: ``indexer.job_record``).
 

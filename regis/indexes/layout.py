@@ -3,6 +3,7 @@
     INDEX_DIR/
       CURRENT                      name of the live version, e.g. "v000003" (replaced atomically)
       .lock                        flock'ed by the one writer
+      resume/                      a folder build's staged embeddings until it commits (``indexer.resume``)
       segments/seg-<uuid>.f16      immutable token segments: float16 (rows, T, D), C order, no header
       versions/v000003/
         manifest.json              the Manifest (encoder, weights checksum, FAISS spec, segments, counts)
