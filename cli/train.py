@@ -348,9 +348,14 @@ def evaluate(
 
 
 def register(app: typer.Typer) -> None:
-    """Attach ``regis train triplet``, ``regis train dmcac`` and ``regis eval`` to the root ``regis`` app."""
+    """Attach ``regis train triplet``, ``regis train dmcac``, ``regis train head``, ``regis eval`` and
+    ``regis eval-photos`` to the root ``regis`` app."""
     train_app = typer.Typer(help="Fine-tune encoders on labelled images.", no_args_is_help=True)
     train_app.command("triplet")(triplet)
     train_app.command("dmcac")(dmcac)
+    from cli.train_head import eval_photos_cmd, train_head_cmd
+
+    train_app.command("head")(train_head_cmd)
     app.add_typer(train_app, name="train")
     app.command("eval")(evaluate)
+    app.command("eval-photos")(eval_photos_cmd)

@@ -143,12 +143,20 @@ class EncoderConfig(BaseModel):
 
 
 class WeightsInfo(BaseModel):
-    """Where the weights came from and their checksum (``state_dict_sha256``)."""
+    """Where the weights came from and their checksum (``state_dict_sha256``; with a token head: of the backbone and
+    the head together).
+
+    Attributes:
+        head_source, head_sha256: the token head's file (``package:<file>`` for the head shipped in regis, or
+            ``file:/path``) and the SHA-256 of its bytes; None without a head (and in manifests written before).
+    """
 
     model_config = ConfigDict(frozen=True)
 
     source: str
     sha256: str
+    head_source: str | None = None
+    head_sha256: str | None = None
 
 
 class RegisEncoder(nn.Module):
@@ -159,12 +167,22 @@ class RegisEncoder(nn.Module):
     [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R] (truncated by ``config.token_set``).
     """
 
-    def __init__(self, backbone: nn.Module, spec: BackboneSpec, config: EncoderConfig, weights: WeightsInfo):
+    def __init__(self, backbone: nn.Module, spec: BackboneSpec, config: EncoderConfig, weights: WeightsInfo,
+                 head: nn.Module | None = None):
         super().__init__()
         self.backbone = backbone
+        self.head = head
         self.spec = spec
         self.config = config
         self.weights_info = weights
+
+    def project(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(..., F) backbone tokens -> (..., D) unit-norm float32 tokens: L2-normalised, then through the token head
+        (``regis.models.head``, when the backbone has one: F -> D') and normalised again."""
+        out = F.normalize(tokens.float(), dim=-1)
+        if self.head is not None:
+            out = F.normalize(self.head(out), dim=-1)
+        return out
 
     def forward_parts(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
         """The backbone's cue tokens and patch tokens.
@@ -257,7 +275,7 @@ class RegisEncoder(nn.Module):
             tokens = torch.cat([cues, rois.to(cues.dtype)], 1)
         else:
             tokens = cues[:, : self.config.tokens_per_image]
-        return F.normalize(tokens.float(), dim=-1)
+        return self.project(tokens)
 
     def query_readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int],
                       roi_parts: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None) -> torch.Tensor:
@@ -268,7 +286,7 @@ class RegisEncoder(nn.Module):
             return tokens
         if roi_parts is None:
             raise ConfigError("this encoder's queries read cue tokens from a second pass: pass roi_parts")
-        return torch.cat([tokens, F.normalize(roi_parts[0].float(), dim=-1)], 1)
+        return torch.cat([tokens, self.project(roi_parts[0])], 1)
 
     @torch.inference_mode()
     def encode_query(self, images: torch.Tensor, autocast: bool = True) -> torch.Tensor:
@@ -386,6 +404,11 @@ def build_encoder(
     """
     if random_init and weights:
         raise ConfigError("give either --weights or --random-init, not both")
+    head_weights = None
+    if weights and (is_head_file(weights) or (backbone is not None and get_backbone_spec(backbone).head)):
+        # a backbone with a token head: --weights names another head (a file or a `regis train head` run)
+        head_weights, weights = weights, None
+        backbone = backbone or head_backbone(head_weights)
     loaded = read_weights_file(weights) if weights else None
     stored = (loaded.encoder_config or {}) if loaded else {}
     if backbone is None:
@@ -418,6 +441,7 @@ def build_encoder(
     layout = _resolve_query_layout(query_layout, stored, spec.kind, roi_pass, tokens)
     model, source = _resolve_weights(spec, weights, random_init, seed, loaded)
     model.eval()
+    head, head_source, head_sha = _resolve_head(spec, head_weights)
     cfg = getattr(model, "pretrained_cfg", None) or {}
     if spec.kind == "vit":
         r = int(getattr(model, "num_reg_tokens", 0))
@@ -427,6 +451,10 @@ def build_encoder(
     else:
         r = spec.num_parts
         dim = int(model.num_features)
+    if head is not None:
+        if head.in_dim != dim:
+            raise WeightsError(f"the token head {head_source} takes {head.in_dim}-d tokens, {spec.name} gives {dim}")
+        dim = head.out_dim
     config = EncoderConfig(
         backbone=spec.name,
         kind=spec.kind,
@@ -448,8 +476,65 @@ def build_encoder(
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
         query_layout=layout,
     )
-    info = WeightsInfo(source=source, sha256=state_dict_sha256(model))
-    return RegisEncoder(model, spec, config, info).to(device).eval()
+    hashed = model if head is None else nn.ModuleDict({"backbone": model, "head": head})
+    info = WeightsInfo(source=source, sha256=state_dict_sha256(hashed), head_source=head_source, head_sha256=head_sha)
+    return RegisEncoder(model, spec, config, info, head).to(device).eval()
+
+
+def is_head_file(weights: str | Path) -> bool:
+    """True when ``weights`` is a token head (``regis.models.head``): a ``regis train head`` run directory or a
+    .safetensors file carrying the head's metadata."""
+    from regis.models.head import HEAD_METADATA_KEY
+    from regis.models.weights import HEAD_RUN_FILE
+
+    path = Path(weights).expanduser()
+    if path.is_dir():
+        return (path / HEAD_RUN_FILE).is_file()
+    if path.suffix != ".safetensors" or not path.is_file():
+        return False
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return HEAD_METADATA_KEY in (f.metadata() or {})
+    except Exception:
+        return False
+
+
+def head_backbone(weights: str | Path) -> str:
+    """The registered backbone a token head file belongs to (the first whose head takes its input width)."""
+    from regis.models.registry import list_backbones
+
+    for spec in list_backbones():
+        if spec.head:
+            return spec.name
+    raise ConfigError(f"no registered backbone takes the token head {weights}")
+
+
+def _resolve_head(spec: BackboneSpec, head_weights: str | None):
+    """(head module or None, its source, the SHA-256 of its file) for ``spec`` (``head_weights``: another head
+    file or run directory instead of the shipped one)."""
+    from regis.models.head import file_sha256, load_head
+    from regis.models.registry import HEADS_DIR
+    from regis.models.weights import HEAD_RUN_FILE
+
+    if spec.head is None:
+        if head_weights:
+            raise ConfigError(f"{head_weights} is a token head; backbone {spec.name} takes none "
+                              "(use --backbone efficientnet-lite0-regis)")
+        return None, None, None
+    if head_weights:
+        path = Path(head_weights).expanduser().resolve()
+        if path.is_dir():
+            path = path / HEAD_RUN_FILE
+        source = f"file:{path}"
+    else:
+        path = Path(__file__).parent / HEADS_DIR / spec.head
+        source = f"package:{spec.head}"
+        if not path.is_file():
+            raise WeightsError(f"the token head {spec.head} of {spec.name} is missing from this regis install "
+                               f"({path}); reinstall regis, or pass --weights HEAD.safetensors")
+    return load_head(path), source, file_sha256(path)
 
 
 def default_roi_image_size(image_size: int) -> int:
@@ -503,6 +588,9 @@ def encoder_from_manifest(
             ``--weights`` (never another backbone: the index's tokens come from these weights).
     """
     kind, _, rest = weights.source.partition(":")
+    head_kind, _, head_path = (weights.head_source or "").partition(":")
+    if not weights_override and head_kind == "file":
+        weights_override = head_path  # the head is the file; the backbone's weights come from the package
     if not weights_override and kind == "file":
         weights_override = stored
         if weights_override is None and not Path(rest).exists():

@@ -33,6 +33,8 @@ class BackboneSpec:
         image_size: input side in pixels (square crop).
         num_parts: CNN only: R, the number of part tokens that play the registers' role.
         description: one line for ``regis backbones``.
+        head: file name of a token head shipped in ``regis/models/weights/`` (``regis.models.head``), applied to
+            every token; None: no head (the tokens are the backbone's own width).
     """
 
     name: str
@@ -43,6 +45,7 @@ class BackboneSpec:
     image_size: int = 224
     num_parts: int = 4
     description: str = ""
+    head: str | None = None
 
 
 _TINY_VIT_KWARGS = dict(
@@ -82,6 +85,7 @@ BACKBONES: dict[str, BackboneSpec] = {
 }
 
 TIMM_PREFIX = "timm:"
+HEADS_DIR = "weights"  # regis/models/weights/: token heads shipped inside the package
 
 
 def get_backbone_spec(name: str) -> BackboneSpec:

@@ -21,6 +21,7 @@ from regis.errors import WeightsError
 from regis.models.registry import BackboneSpec
 
 ENCODER_WEIGHTS_FILE = "encoder.safetensors"
+HEAD_RUN_FILE = "head.safetensors"  # what `regis train head` writes into its run directory
 CONFIG_METADATA_KEY = "regis.encoder_config"
 OFFLINE_HINT = (
     "pass --weights PATH (a .safetensors or torch state dict, or a regis training run directory), "

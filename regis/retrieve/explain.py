@@ -84,7 +84,10 @@ def explain_encode(encoder, pixels: torch.Tensor, with_patches: bool = False
             # the pass the buddy patches are on (a CNN's smaller ROI pass, else the one pass): same grid
             x = pixels.to(tokens.device)
             parts = encoder.forward_roi_parts(x) or encoder.forward_parts(x)
-            patches = parts[1][0].float().cpu().numpy()
+            patches = parts[1][0].float()
+            if getattr(encoder, "head", None) is not None:  # a token head: patches in the tokens' space (and width)
+                patches = encoder.project(patches)
+            patches = patches.cpu().numpy()
     return (tokens[0].float().cpu().numpy(), buddies[0].cpu().numpy(), (int(grid[0]), int(grid[1])), patches)
 
 
