@@ -15,6 +15,7 @@ from regis.images.decode import set_max_concurrent_decodes
 from service.auth import APIKeyMiddleware
 from service.deps import collection_path, reject_unknown_query_params
 from service.docs import install_docs
+from service.openapi_security import install_security
 from service.errors import install_error_handlers
 from service.keys import KeyStore
 from service.limits import FormLimitMiddleware, JSONTooLargeMiddleware, body_limits
@@ -185,6 +186,7 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     app.state.metrics = Metrics()
     set_max_concurrent_decodes(settings.max_concurrent_decodes)
     app.state.keys = KeyStore(settings.api_keys_file) if settings.api_keys_file else None
+    install_security(app, keys_required=app.state.keys is not None)  # the keys in the OpenAPI document
     # innermost: forms are counted while the route reads them (service.limits)
     app.add_middleware(FormLimitMiddleware, max_files=settings.max_upload_files,
                        max_file_bytes=settings.max_upload_bytes)
