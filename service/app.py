@@ -11,18 +11,18 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 
 import regis
+from regis.api.schemas import ErrorResponse
 from regis.images.decode import set_max_concurrent_decodes
 from service.auth import APIKeyMiddleware
 from service.deps import collection_path, reject_unknown_query_params
 from service.docs import install_docs
-from service.openapi_security import install_security
 from service.errors import install_error_handlers
 from service.keys import KeyStore
 from service.limits import FormLimitMiddleware, JSONTooLargeMiddleware, body_limits
 from service.metrics import Metrics, MetricsMiddleware
+from service.openapi_security import install_security
 from service.origin import OriginCheckMiddleware
 from service.routes import batch, collections, duplicates, explain, gallery, health, images, jobs, metrics, search
-from service.schemas import ErrorResponse
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"

@@ -7,7 +7,7 @@ each image lives in (``regis.sharding.engine``), which computes its results' exp
 re-encodes an indexed image except the pair view (``explain_pair``), which needs the result's patch tokens for its
 heatmap.
 
-JSON shapes (documented field by field in ``service.schemas_explain``):
+JSON shapes (documented field by field in ``regis.api.explain``):
     query:       {"width", "height", "grid": [h, w], "tokens": [{"index", "name", "kind", "box"}]}
     explanation: {"score", "matches": [{"query_token", "query_name", "result_token", "result_name",
                   "similarity", "contribution", "share", "result_box"}]}

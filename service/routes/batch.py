@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import BatchSearchResponse, ErrorResponse
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings, search_extras
 from service.errors import APIError
 from service.routes.search import read_upload
-from service.schemas import BatchSearchResponse, ErrorResponse
 from service.searching import run_search_batch
 from service.settings import Settings
 

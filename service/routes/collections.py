@@ -9,11 +9,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import CollectionCreate, CollectionInfo, CollectionList, ErrorResponse
 from regis.indexes.collections import CollectionConfig
 from service.collections import CollectionRegistry
 from service.deps import collection_path, get_jobs, get_registry
 from service.errors import APIError
-from service.schemas import CollectionCreate, CollectionInfo, CollectionList, ErrorResponse
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 403, 404, 409, 422, 503)}

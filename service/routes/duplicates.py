@@ -10,11 +10,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import ErrorResponse
 from regis.errors import ConfigError
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings
 from service.errors import APIError
-from service.schemas import ErrorResponse
 from service.schemas_duplicates import DuplicatesPending, DuplicatesResponse
 from service.settings import Settings
 

@@ -7,14 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, File, UploadFile
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.explain import PairExplanation
+from regis.api.schemas import ErrorResponse
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings
 from service.errors import APIError
 from service.params import ImageIdForm
 from service.routes.images import image_path
 from service.routes.search import read_upload
-from service.schemas import ErrorResponse
-from service.schemas_explain import PairExplanation
 from service.settings import Settings
 
 router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{collection} (service.app)

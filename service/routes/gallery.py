@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import ErrorResponse, ImageList, MetadataPatchResponse, SearchResponse
 from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue
 from regis.retrieve.query import QueryEngine
@@ -18,7 +19,6 @@ from service.jobs import await_job
 from service.live import LiveIndex
 from service.params import ImageId
 from service.routes.images import image_path
-from service.schemas import ErrorResponse, ImageList, MetadataPatchResponse, SearchResponse
 from service.searching import run_search_id
 from service.settings import Settings
 

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import Health, Readiness
 from service.deps import get_live
 from service.errors import error_body
-from service.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 

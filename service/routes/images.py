@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, Up
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import DeleteResponse, ErrorResponse, ImageInfo, UploadResponse
 from regis.faults import crash_point
 from regis.indexes.uploads import is_upload_path, upload_file
 from regis.jobs.model import JobSpec
@@ -23,7 +24,6 @@ from service.jobs import await_job
 from service.live import LiveIndex
 from service.params import ImageId
 from service.routes.search import read_upload
-from service.schemas import DeleteResponse, ErrorResponse, ImageInfo, UploadResponse
 from service.settings import Settings
 
 router = APIRouter(prefix="/images", tags=["images"])  # under /v1 and /v1/collections/{collection}

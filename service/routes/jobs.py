@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import ErrorResponse, IndexJobRequest, JobList
 from regis.jobs.folders import FolderError, resolve_folder
 from regis.jobs.model import JobInfo, JobSpec
 from regis.jobs.queue import JobQueue
 from service.deps import get_jobs, get_settings
 from service.errors import APIError
-from service.schemas import ErrorResponse, IndexJobRequest, JobList
 from service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])  # under /v1 and /v1/collections/{collection}

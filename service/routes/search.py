@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, File, Query, Request, Response, UploadFile
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import ErrorResponse, SearchResponse
 from regis.retrieve.query import QueryEngine
 from service.deps import get_engine, get_settings, search_extras
 from service.errors import APIError
-from service.schemas import ErrorResponse, SearchResponse
 from service.searching import run_search
 from service.settings import Settings
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from regis.api.explain import Explanation, QueryTokens
 from regis.jobs.model import JobInfo
-from service.schemas_explain import Explanation, QueryTokens
 
 
 class SearchHit(BaseModel):
