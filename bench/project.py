@@ -45,7 +45,7 @@ def main() -> None:
     np.save(CORPUS_DIR / f"proj{args.dim}.npy", basis)
     out = np.memmap(CORPUS_DIR / f"db{args.dim}.f16", dtype=np.float16, mode="w+", shape=(n_db, t, args.dim))
     for start in range(0, n_db, 10_000):
-        y = raw[start : start + 10_000].astype(np.float32) @ basis
+        y = raw[start : min(start + 10_000, n_db)].astype(np.float32) @ basis
         y /= np.linalg.norm(y, axis=-1, keepdims=True)
         out[start : start + 10_000] = y.astype(np.float16)
     out.flush()

@@ -60,7 +60,8 @@ def build(
     ] = None,
     token_store: Annotated[
         str | None,
-        typer.Option("--token-store", help="Rerank store: float16 (default), pq, or a FAISS codec spec."),
+        typer.Option("--token-store", help="Rerank store: SQ4 codes re-scored on float16 (default for new "
+                                           "indexes), float16, pq, or a FAISS codec spec."),
     ] = None,
     metadata: Annotated[
         Path | None, typer.Option("--metadata", help="CSV (with a 'path' column) or JSONL (objects with 'path') of "

@@ -47,7 +47,8 @@ class BuildOptions:
         images_root: the folder the index's image paths are relative to (None: the folder being built). When
             set, the folder built must lie inside it and the build only adds, updates and removes images below
             that folder: images of other folders under the root stay as they are.
-        token_store: what the ANN rerank reads: "float16" or a FAISS codec spec ("PQ96"); None keeps the index's.
+        token_store: what the ANN rerank reads: "float16" or a FAISS codec spec ("SQ4", "PQ96"); None keeps the
+            index's (a new index: ``regis.indexes.codes.default_store``).
         depth: default candidate depth k' stored in the manifest; None: the tuned default for the FAISS spec.
         metadata: user metadata per image, keyed by path relative to the folder built (``indexer.metadata``:
             a CSV / JSONL file); it wins over sidecar files (``photo.jpg.json``). The build adds file facts

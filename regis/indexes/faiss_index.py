@@ -24,27 +24,31 @@ def _faiss():
     return faiss
 
 
-WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors with 4-bit fast-scan PQ
+WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors with 4-bit fast-scan PQ (issue 13)
+FAST_SCAN_MIN_DIM = 128  # ... and since issue 24 every even width from this one (a trained head's 128 or 256)
 SQ8_CODEC = "SQ8"
 
 
 def default_codec(dim: int | None) -> str:
     """The IVF vector codec regis picks for new indexes of ``dim``-d tokens.
 
-    ``SQ8`` (1 byte per dimension) below ``WIDE_DIM``: what the 384-d benchmarks were tuned with (BENCHMARKS.md
-    sections 1, 7, 8). From ``WIDE_DIM`` up (EfficientNet-Lite0's 1280-d tokens), ``PQ{dim/2}x4fs``: product
-    quantisation of 2 dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan kernels (dim / 4 bytes per
-    vector), searched at depth 192 (``default_depth``). On 100,000 Fashion-MNIST images through Lite0
-    (``IVF4096``, 32 probes, 500 held-out queries in 4-query batches, one thread; ``python -m bench.faiss_specs``,
-    BENCHMARKS.md section 3): recall@10 of the exact MaxSim ranking 0.997 against 0.997 for SQ8 at depth 64, 3.7
-    against 13.1 KB of FAISS index per image, search CPU 7.9 against 19.3 ms per query (9.7 against 14-16 ms for
-    15-token photo queries), FAISS build 1.8x as long. Only the candidates come from these codes: the rerank
-    scores the stored float16 tokens exactly.
+    ``PQ{dim/2}x4fs`` for every even width from ``FAST_SCAN_MIN_DIM`` (128) up: product quantisation of 2
+    dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan kernels (dim / 4 bytes per vector), searched at
+    depth 192 (``default_depth``). ``SQ8`` (1 byte per dimension) below 128 dimensions, for odd widths below
+    ``WIDE_DIM``, and when the width is unknown. Only the candidates come from these codes: the rerank scores the
+    stored tokens.
+
+    Measured: on 100,000 Fashion-MNIST images through Lite0 (1280-d, ``IVF4096``, 32 probes, 500 held-out
+    queries in 4-query batches, one thread; ``python -m bench.faiss_specs``, BENCHMARKS.md section 3): recall@10
+    of the exact MaxSim ranking 0.997 against 0.997 for SQ8 at depth 64, 3.7 against 13.1 KB of FAISS index per
+    image, search CPU 7.9 against 19.3 ms per query, FAISS build 1.8x as long. At 256-d (the same tokens
+    projected, issue 24; ``python -m bench.search``, BENCHMARKS.md section 9) it keeps SQ8's recall with a quarter
+    of its bytes (640 instead of 2,560 per image): what lets a million images fit in 4 KB each.
 
     Raises:
-        ConfigError: a wide ``dim`` that is odd (no 2-dimension sub-vectors).
+        ConfigError: a wide ``dim`` (>= ``WIDE_DIM``) that is odd (no 2-dimension sub-vectors).
     """
-    if dim is None or dim < WIDE_DIM:
+    if dim is None or dim < FAST_SCAN_MIN_DIM or (dim % 2 and dim < WIDE_DIM):
         return SQ8_CODEC
     if dim % 2:
         raise ConfigError(f"token width {dim} is odd: no fast-scan PQ codec of 2-dimension sub-vectors")

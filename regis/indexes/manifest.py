@@ -51,12 +51,15 @@ class TokenStoreInfo(BaseModel):
     """What the ANN rerank reads: the float16 segments, or FAISS codes of them (``regis.indexes.codes``).
 
     Attributes:
-        spec: "float16", or the FAISS codec spec of the compressed store ("PQ96", "OPQ96,PQ96", "SQ8", ...).
+        spec: "float16", or the FAISS codec spec of the compressed store ("SQ4", "PQ96", "OPQ96,PQ96", "SQ8", ...).
         code_size: bytes per token of the codes (None for float16).
+        refine: compressed store: the best ``refine x k`` candidates by their codes are re-scored exactly on the
+            float16 tokens (``regis.retrieve.searcher``); 4 in indexes written before it was recorded.
     """
 
     spec: str = "float16"
     code_size: int | None = None
+    refine: int = 4
 
 
 class BuddyInfo(BaseModel):

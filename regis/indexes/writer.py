@@ -105,7 +105,8 @@ class IndexWriter:
         keep_versions: published versions kept on disk after a commit (>= 1).
         lock_timeout_s: how long to wait for another writer to finish.
         token_store: what the ANN rerank reads: "float16" (the segments), "pq" (``RR{D},PQ{D/4}``) or a FAISS
-            codec spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's, else float16.
+            codec spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's (an index written with
+            float16 stays float16), else ``codes.default_store``.
         depth: default candidate depth k' recorded in the manifest (None: keep the base's while the FAISS spec
             stays the same, else ``faiss_index.default_depth``).
         candidates: candidate method recorded in the manifest, "bounded" or "depth"
@@ -513,7 +514,8 @@ class IndexWriter:
     def _write_codes(self, store: TokenStore) -> TokenStoreInfo:
         """Write codec.faiss + codes.npy for a compressed token store; reuses the base's codec (encoding only
         the new rows) while the spec stays the same, else trains one on a sample of the live tokens."""
-        spec = self._token_store_arg or (self.base.token_store.spec if self.base else token_codes.FLOAT16)
+        spec = self._token_store_arg or (
+            self.base.token_store.spec if self.base else token_codes.default_store(self.D))
         if spec == token_codes.FLOAT16:
             return TokenStoreInfo()
         live = store.live_ids
@@ -542,7 +544,9 @@ class IndexWriter:
         codes[dead] = 0
         token_codes.write_codec(codec, self.tmp_dir / token_codes.CODEC_FILE)
         np.save(self.tmp_dir / token_codes.CODES_FILE, codes)
-        return TokenStoreInfo(spec=spec, code_size=cs)
+        same = self.base is not None and self.base.token_store.spec == spec
+        refine = self.base.token_store.refine if same else token_codes.DEFAULT_REFINE
+        return TokenStoreInfo(spec=spec, code_size=cs, refine=refine)
 
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()

@@ -27,7 +27,6 @@ from regis.retrieve import candidates as cands
 from regis.scores.maxsim import maxsim_gemm
 
 DEFAULT_DEPTH = 64  # candidate depth of indexes whose manifest records none (the manifest's depth wins)
-DEFAULT_REFINE = 4  # compressed store: candidates re-scored exactly on float16 = refine x k
 # FAISS threads of one query's candidate search: its 10 token searches are too small to split across cores
 # (an OpenMP team that wakes per query costs more than it saves, and fights the rerank's threads); concurrent
 # queries use the cores instead. Batches use every core. Measured in BENCHMARKS.md (bench/search.py).
@@ -77,7 +76,8 @@ class Searcher:
         exact_chunk: images scored per step in exact mode.
         use_codes: rerank on the compressed token store when the index has one (False: float16 only).
         refine: compressed store: how many times k candidates are re-scored exactly on float16; 0 ranks on
-            the decoded codes alone (no float16 read; scores are then approximate).
+            the decoded codes alone (no float16 read; scores are then approximate); None: the manifest's
+            (``TokenStoreInfo.refine``: 8 for new indexes, 4 for those written before it was recorded).
         search_threads: FAISS threads for a single query's candidate search (``search``); batches
             (``search_batch``) use ``batch_threads`` (None: every core).
         candidates: candidate method, "depth" or "bounded" (``regis.retrieve.candidates``); None: the
@@ -88,9 +88,11 @@ class Searcher:
     """
 
     def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192,
-                 use_codes: bool = True, refine: int = DEFAULT_REFINE,
+                 use_codes: bool = True, refine: int | None = None,
                  search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None,
                  candidates: str | None = None):
+        if refine is None:
+            refine = snapshot.manifest.token_store.refine
         if refine < 0:
             raise ConfigError(f"refine must be >= 0, got {refine}")
         self.candidate_method = cands.check_method(candidates or snapshot.manifest.faiss.candidates)

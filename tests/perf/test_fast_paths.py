@@ -100,7 +100,7 @@ def test_manifest_records_tuned_defaults_and_search_uses_them(tmp_path, corpus):
     m = write_index(tmp_path / "ivf", corpus, faiss_spec="IVF32,SQ8")
     assert m.faiss.nprobe == faiss_index.default_nprobe("IVF32,SQ8")
     assert m.faiss.depth == faiss_index.default_depth("IVF32,SQ8")
-    assert m.token_store.spec == "float16" and m.token_store.code_size is None
+    assert m.token_store.spec == token_codes.default_store(D) and m.token_store.code_size == D // 2  # SQ4
     m2 = write_index(tmp_path / "explicit", corpus[:500], depth=7, nprobe=3)
     assert (m2.faiss.depth, m2.faiss.nprobe) == (7, 3)
     snap = IndexSnapshot.open(tmp_path / "explicit")

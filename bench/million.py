@@ -1,0 +1,294 @@
+"""Cost against collection size, up to a million images: regis at its defaults beside exact MaxSim (issue 24).
+
+For each size N (the first N images of a ``bench.corpus1m`` corpus; the same queries at every size) this script
+
+1. computes the exact MaxSim top-100 of every query over the N images (float32 torch GEMMs over chunks of the
+   memory-mapped float16 tokens, all cores; cached as ``gt-*.npz``, with its wall time);
+2. builds a regis index of the N images with the real ``IndexWriter`` (``bench.data.build_index``; regis's
+   defaults unless ``--spec`` / ``--token-store`` say otherwise; cached, with its build time);
+3. in a fresh process (so that its memory is the index's alone), opens the index and measures:
+   - resident memory: ``VmRSS`` of the process after the queries, and its split into anonymous memory
+     (``RssAnon``: the FAISS index, locations, Python) and file pages (``RssFile``: the memory-mapped codes and
+     whatever float16 rows the re-scoring touched), minus the same figures of an empty process with the same
+     imports (the baseline); the index's own arrays by size (FAISS index, codes, locations);
+   - single-query latency on one thread (torch and FAISS): p50, p99, QPS = 1 / mean, first with the float16
+     segments evicted from the page cache (``posix_fadvise DONTNEED`` on the segment files only: every re-scored
+     row is read from disk), then again warm;
+   - batched QPS on every core (``Searcher.search_batch``, batches of 100);
+   - recall@10 against the exact top-10, and the candidates scored per query;
+   - exact MaxSim of single queries on one thread (torch, chunked over the memory-mapped tokens: what a search
+     without an index costs; ``--exact-queries`` of them), so that the ratio regis / exact of the same run is
+     printed beside the absolute times;
+   - disk bytes per image (every file of the index directory).
+
+Rows are printed as ``row:`` JSON lines and a markdown table; ``--plot`` writes the PNG of latency and memory
+against N (log scales) with the exact line for reference.
+
+Usage::
+
+    python -m bench.million --source $REGIS_BENCH_DATA/tok1m-256 --sizes 10000,100000,300000,1000000 \
+        --queries 300 --plot docs/img/cost_growth.png
+    python -m bench.million --source ... --sizes 100000 --slice generated   # the generated slice (check)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, recall_at_k
+
+
+def proc_memory() -> dict:
+    """VmRSS, RssAnon, RssFile of this process in bytes (Linux ``/proc/self/status``)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop these files' clean pages from the page cache (``POSIX_FADV_DONTNEED``); nothing else is touched."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def corpus_slice(source: Path, n: int, which: str):
+    """(db (n, T, D) float16 memory map, queries (Q, T, D) float32, tag) for the first n images of ``source``,
+    or of its generated part (``which`` = "generated": rows ``real .. real + n``)."""
+    from bench.data import load_corpus
+
+    db, q = load_corpus(source=str(source))
+    info = json.loads((source / "info.json").read_text())
+    start = info["real"] if which == "generated" else 0
+    if start + n > len(db):
+        raise SystemExit(f"{source} holds {len(db)} images; {which} slice of {n} does not fit")
+    tag = f"{source.name}{'-gen' if which == 'generated' else ''}"
+    return db[start : start + n], q, tag
+
+
+def index_path(tag: str, n: int, spec: str | None, store: str | None) -> Path:
+    name = f"{tag}-{n}-{(spec or 'auto').replace(',', '_')}-{store or 'default'}"
+    return DATA_DIR / "idx" / name
+
+
+def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192) -> float:
+    """Seconds of one query's exact MaxSim over ``db`` (torch float32 GEMM per chunk, top-k)."""
+    import torch
+
+    from regis.scores.maxsim import maxsim_gemm
+
+    t0 = time.perf_counter()
+    qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32))
+    best = []
+    for s in range(0, len(db), chunk):
+        docs = torch.from_numpy(np.ascontiguousarray(db[s : s + chunk]))
+        best.append(maxsim_gemm(qt, docs).float())
+    torch.topk(torch.cat(best), k)
+    return time.perf_counter() - t0
+
+
+def measure(args) -> dict:
+    """The child process: one size, one index (see module docstring, step 3)."""
+    import faiss
+    import torch
+
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.retrieve.searcher import Searcher
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    db, q, tag = corpus_slice(args.source, args.one, args.slice)
+    q = q[: args.queries]
+    gt = np.load(args.gt)["ids"][: len(q)]
+    base = proc_memory()
+    path = Path(args.index)
+    t0 = time.perf_counter()
+    snap = IndexSnapshot.open(path)
+    searcher = Searcher(snap)
+    open_s = time.perf_counter() - t0
+    after_open = proc_memory()
+    m = snap.manifest
+    seg_files = [path / "segments" / s.file for s in m.segments]
+    k = args.k
+    row = {"images": len(db), "spec": m.faiss.spec, "token_store": m.token_store.spec, "nprobe": m.faiss.nprobe,
+           "depth": m.faiss.depth, "dim": m.dim, "open_s": open_s}
+    for phase in ("cold", "warm"):
+        if phase == "cold":
+            evict(seg_files)
+        lat, found, cands = [], np.full((len(q), k), -1, np.int64), []
+        for i in range(len(q)):
+            t1 = time.perf_counter()
+            r = searcher.search(q[i], k=k)
+            lat.append(time.perf_counter() - t1)
+            found[i, : len(r.ids)] = r.ids
+            cands.append(r.num_candidates)
+        st = latency_stats(lat)
+        row[f"p50_ms_{phase}"], row[f"p99_ms_{phase}"] = st["p50_ms"], st["p99_ms"]
+        row[f"qps_1thread_{phase}"] = len(q) / sum(lat)
+        row["recall@10"] = recall_at_k(found, gt, k)
+        row["candidates"] = float(np.mean(cands))
+    after_q = proc_memory()
+    cores = os.cpu_count() or 1
+    searcher_all = Searcher(snap, batch_threads=cores)
+    torch.set_num_threads(cores)
+    t1 = time.perf_counter()
+    bfound = np.full((len(q), k), -1, np.int64)
+    for s in range(0, len(q), 100):
+        for j, r in enumerate(searcher_all.search_batch(q[s : s + 100], k=k)):
+            bfound[s + j, : len(r.ids)] = r.ids
+    row["qps_all_cores"] = len(q) / (time.perf_counter() - t1)
+    row["recall@10_batched"] = recall_at_k(bfound, gt, k)
+    torch.set_num_threads(1)
+    ex = [exact_single(db, q[i], k) for i in range(min(args.exact_queries, len(q)))]
+    est = latency_stats(ex)
+    row["exact_p50_ms"], row["exact_qps_1thread"] = est["p50_ms"], len(ex) / sum(ex)
+    row["ratio_exact_over_regis_p50"] = row["exact_p50_ms"] / row["p50_ms_warm"]
+    vdir = path / "versions" / snap.name
+    faiss_b = (vdir / "tokens.faiss").stat().st_size
+    codes_b = (vdir / "codes.npy").stat().st_size if (vdir / "codes.npy").exists() else 0
+    n = len(db)
+    row.update({
+        "rss_bytes_per_image": (after_q["VmRSS"] - base["VmRSS"]) / n,
+        "rss_anon_bytes_per_image": (after_q["RssAnon"] - base["RssAnon"]) / n,
+        "rss_file_bytes_per_image": (after_q["RssFile"] - base["RssFile"]) / n,
+        "rss_after_open_bytes_per_image": (after_open["VmRSS"] - base["VmRSS"]) / n,
+        "rss_total_mib": after_q["VmRSS"] / 2**20,
+        "faiss_bytes_per_image": faiss_b / n, "codes_bytes_per_image": codes_b / n,
+        "locations_bytes_per_image": (vdir / "locations.npy").stat().st_size / n,
+        "disk_bytes_per_image": dir_bytes(path) / n,
+    })
+    snap.close()
+    return row
+
+
+def parent(args) -> list[dict]:
+    """Per size: ground truth, index build (cached), then the child process's measures."""
+    from bench.data import build_index, ground_truth
+
+    rows = []
+    for n in [int(x) for x in args.sizes.split(",")]:
+        db, q, tag = corpus_slice(args.source, n, args.slice)
+        q = q[: args.queries]
+        t0 = time.perf_counter()
+        _, gt_s = ground_truth(db, q, tag)
+        gt_path = DATA_DIR / f"gt-{tag}-{len(db)}x{len(q)}.npz"
+        print(f"ground truth {n}: {gt_s:.1f} s for {len(q)} queries (cached: {time.perf_counter() - t0:.1f} s)",
+              flush=True)
+        path = index_path(tag, n, args.spec, args.token_store)
+        built_file = path.with_suffix(".built.json")
+        if args.rebuild or not (path / "CURRENT").exists() or not built_file.exists():
+            built = build_index(path, db, args.spec, token_store=args.token_store)
+            built_file.write_text(json.dumps(built))
+            print("built:", json.dumps({"index": path.name, **built}), flush=True)
+        built = json.loads(built_file.read_text())
+        cmd = [sys.executable, "-m", "bench.million", "--source", str(args.source), "--one", str(n),
+               "--slice", args.slice, "--queries", str(args.queries), "--k", str(args.k), "--index", str(path),
+               "--gt", str(gt_path), "--exact-queries", str(args.exact_queries)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr[-3000:], flush=True)
+            raise SystemExit(f"measuring {n} images failed")
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        row.update({"build_s": built["build_s"], "exact_gt_s": gt_s, "queries": len(q), "slice": args.slice,
+                    "corpus": tag})
+        rows.append(row)
+        print("row:", json.dumps(row), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| images | FAISS spec / token store | recall@10 | candidates | p50 ms 1 thread, cold / warm | p99 ms warm "
+           "| QPS 1 thread / all cores | exact MaxSim p50 ms (1 thread) | exact / regis p50 "
+           "| RSS B/image (anon + file) | FAISS + codes B/image | disk B/image | build s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(
+            f"| {r['images']:,} | {r['spec']} / {r['token_store']} | {r['recall@10']:.4f} | {r['candidates']:.0f} | "
+            f"{r['p50_ms_cold']:.2f} / {r['p50_ms_warm']:.2f} | {r['p99_ms_warm']:.2f} | "
+            f"{r['qps_1thread_warm']:.0f} / {r['qps_all_cores']:.0f} | {r['exact_p50_ms']:.0f} | "
+            f"{r['ratio_exact_over_regis_p50']:.0f}x | {r['rss_bytes_per_image']:.0f} "
+            f"({r['rss_anon_bytes_per_image']:.0f} + {r['rss_file_bytes_per_image']:.0f}) | "
+            f"{r['faiss_bytes_per_image'] + r['codes_bytes_per_image']:.0f} | {r['disk_bytes_per_image']:.0f} | "
+            f"{r['build_s']:.0f} |")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Latency and resident memory against images, log-log, with exact MaxSim's latency for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = [r["images"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    a.loglog(n, [r["p50_ms_warm"] for r in rows], "o-", label="regis p50 (1 thread)")
+    a.loglog(n, [r["p99_ms_warm"] for r in rows], "s--", label="regis p99 (1 thread)")
+    a.loglog(n, [r["exact_p50_ms"] for r in rows], "^-", color="grey", label="exact MaxSim p50 (torch, 1 thread)")
+    a.axhline(30, color="red", lw=0.8, ls=":", label="target p50 at 1M: 30 ms")
+    a.set_xlabel("images")
+    a.set_ylabel("ms per query (no encoding)")
+    a.set_title("Search latency")
+    a.legend(fontsize=8)
+    a.grid(True, which="both", alpha=0.3)
+    b.loglog(n, [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in rows], "o-", label="regis resident (RSS)")
+    b.loglog(n, [r["images"] * r["dim"] * 2 * 10 / 2**20 for r in rows], "^-", color="grey",
+             label="float16 tokens (what exact scoring reads)")
+    b.loglog(n, [r["images"] * 4096 / 2**20 for r in rows], color="red", lw=0.8, ls=":", label="4 KB per image")
+    b.set_xlabel("images")
+    b.set_ylabel("MiB")
+    b.set_title("Memory")
+    b.legend(fontsize=8)
+    b.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"regis on {rows[0]['dim']}-d tokens, 10 per image, k = 10 (python -m bench.million)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", type=Path, required=True, help="a bench.corpus1m folder")
+    p.add_argument("--sizes", default="10000,100000,300000,1000000")
+    p.add_argument("--slice", choices=["first", "generated"], default="first",
+                   help="first: the first N images (real ones first); generated: N generated images only")
+    p.add_argument("--queries", type=int, default=300)
+    p.add_argument("--exact-queries", type=int, default=5, help="single queries timed with exact MaxSim")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--spec", default=None, help="FAISS spec (default: regis's choice)")
+    p.add_argument("--token-store", default=None, help="token store (default: regis's choice)")
+    p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--index", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--gt", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(args)))
+        return
+    print_machine({"bench": "million", "source": str(args.source), "sizes": args.sizes, "slice": args.slice})
+    rows = parent(args)
+    print(table(rows))
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
