@@ -41,9 +41,10 @@ def default_codec(dim: int | None) -> str:
     Measured: on 100,000 Fashion-MNIST images through Lite0 (1280-d, ``IVF4096``, 32 probes, 500 held-out
     queries in 4-query batches, one thread; ``python -m bench.faiss_specs``, BENCHMARKS.md section 3): recall@10
     of the exact MaxSim ranking 0.997 against 0.997 for SQ8 at depth 64, 3.7 against 13.1 KB of FAISS index per
-    image, search CPU 7.9 against 19.3 ms per query, FAISS build 1.8x as long. At 256-d (the same tokens
-    projected, issue 24; ``python -m bench.search``, BENCHMARKS.md section 9) it keeps SQ8's recall with a quarter
-    of its bytes (640 instead of 2,560 per image): what lets a million images fit in 4 KB each.
+    image, search CPU 7.9 against 19.3 ms per query, FAISS build 1.8x as long. Issue 24 extended it to narrower
+    widths for memory: at 256-d it takes a quarter of SQ8's bytes (640 instead of 2,560 per image), what lets a
+    million images fit in 4 KB each (BENCHMARKS.md section 9); on clustered real-photo tokens at 256-d its
+    candidates held the whole exact top 10 (``tests/perf/test_compact_store.py``).
 
     Raises:
         ConfigError: a wide ``dim`` (>= ``WIDE_DIM``) that is odd (no 2-dimension sub-vectors).
