@@ -1,16 +1,18 @@
-"""``regis collections create|list|info|delete``: the collections under a root folder
-(``regis.indexes.collections``)."""
+"""``regis collections create|list|info|delete|snapshot|restore``: the collections under a root folder
+(``regis.indexes.collections``; snapshots: ``regis.backups``)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from cli.options import Backbone, CollectionsRootOpt, RandomInit, Weights
 
-app = typer.Typer(help="Create, list, describe and delete collections (named indexes under one root).",
+app = typer.Typer(help="Create, list, describe, delete, snapshot and restore collections (named indexes under one "
+                       "root).",
                   no_args_is_help=True)
 Name = Annotated[str, typer.Argument(help="Collection name (a-z, 0-9, '_', '-').")]
 
@@ -78,3 +80,51 @@ def delete(
         typer.confirm(f"delete collection {name} and its index?", abort=True)
     collections.delete(name)
     typer.echo(f"collection {name} deleted")
+
+
+@app.command("snapshot")
+def snapshot(
+    name: Name,
+    file: Annotated[Path, typer.Argument(help="The snapshot file to write (.tar, or .tar.gz to compress).")],
+    root: CollectionsRootOpt = None,
+    uploads: Annotated[bool, typer.Option("--uploads/--no-uploads", help="Include the uploaded images' files "
+                                                                         "(the collection's uploads folder).")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Write the state the collection serves now (one published version; every shard's, for a sharded one) to a
+    tar file, while writes go on. Restore it here or on another machine with `regis collections restore`."""
+    from cli.options import collections_root
+    from regis.backups.snapshot import snapshot as take
+    from regis.indexes.collections import CollectionNotFoundError
+
+    collections = collections_root(root)
+    if not collections.exists(name):
+        raise CollectionNotFoundError(f"no collection named {name!r} in {collections.root}")
+    path = collections.path(name)
+    report = take(path, file, uploads_dir=collections.overrides(name)["uploads_dir"] if uploads else None)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+        return
+    typer.echo(f"collection {name} version {report.version} ({report.kind}, {report.images} images, "
+               f"{report.uploads} uploaded files) -> {report.path}: {report.files} files, "
+               f"{report.bytes / 2**20:.1f} MiB, {report.seconds:.1f} s")
+
+
+@app.command("restore")
+def restore(
+    file: Annotated[Path, typer.Argument(help="A snapshot file (regis collections snapshot).")],
+    name: Name,
+    root: CollectionsRootOpt = None,
+) -> None:
+    """Create collection NAME from a snapshot file (checked file by file; NAME must not exist). It answers every
+    search as the snapshot's collection did; set REGIS_IMAGES_ROOT to serve the images' files on a new machine."""
+    from cli.options import collections_root
+    from regis.backups.restore import restore as put_back
+    from regis.indexes.collections import CollectionExistsError, check_name
+
+    collections = collections_root(root)
+    if collections.exists(check_name(name)):
+        raise CollectionExistsError(f"collection {name!r} exists already in {collections.root}")
+    report = put_back(file, collections.path(name))
+    typer.echo(f"collection {name} restored in {report.path}: version {report.version} ({report.kind}), "
+               f"{report.images} images, {report.uploads} uploaded files")

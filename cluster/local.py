@@ -57,6 +57,29 @@ def _die_with_parent() -> None:
         pass
 
 
+def replica_on_loopback() -> None:
+    """In a replica of a loopback cluster (``cluster.local``: every Ray server on 127.0.0.1), bind Ray Serve's
+    inter-deployment gRPC server to 127.0.0.1 as well: Ray Serve 2.60 binds it to "[::]:0" (every interface) in
+    ``Replica._on_initialized``, with no setting, although a one-node cluster reaches it on 127.0.0.1. Called
+    first in each deployment's constructor (before ``_on_initialized``); elsewhere, or on a Ray without that
+    function, it does nothing."""
+    if os.environ.get(LOOPBACK_ENV) != "0":
+        return
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "regis_loopback", False):
+        return
+
+    def on_loopback(server, address: str):
+        return bind(server, address.replace("[::]", "127.0.0.1", 1))
+
+    on_loopback.regis_loopback = True
+    replica.add_port_to_grpc_server = on_loopback
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from cluster.settings import RaySettings
 
 # A replica's share of a CPU when the cluster has room for every replica at these (the defaults of issue 11).
-FULL_SHARE = {"encoder": 1.0, "shard": 0.5, "ingress": 0.25}
+# The writer (``cluster.writes``, with --enable-jobs) idles between writes: a small share.
+FULL_SHARE = {"encoder": 1.0, "shard": 0.5, "ingress": 0.25, "writer": 0.1}
 SETTING = {"encoder": "REGIS_RAY_ENCODER_NUM_CPUS", "shard": "REGIS_RAY_SHARD_NUM_CPUS",
-           "ingress": "REGIS_RAY_INGRESS_NUM_CPUS"}
+           "ingress": "REGIS_RAY_INGRESS_NUM_CPUS", "writer": "REGIS_RAY_WRITER_NUM_CPUS"}
 _GRAIN = 0.001  # requests are rounded down to this (Ray's own resource grain is 0.0001)
 
 
 @dataclass(frozen=True)
 class Sizing:
-    """CPU per replica of each role ("encoder", "shard", "ingress"), and whether each was sized here (not set by
-    the user); ``fits``: every replica fits the nodes' CPUs."""
+    """CPU per replica of each role ("encoder", "shard", "ingress", "writer"), and whether each was sized here
+    (not set by the user); ``fits``: every replica fits the nodes' CPUs."""
 
     cpus: dict[str, float]
     sized: dict[str, bool]
@@ -33,7 +34,7 @@ class Sizing:
 
     def describe(self) -> str:
         """E.g. "encoder 0.8, shard 0.4 x 4, ingress 0.2 CPU" (one line)."""
-        return ", ".join(f"{role} {self.cpus[role]:g}" for role in FULL_SHARE) + " CPU per replica"
+        return ", ".join(f"{role} {cpus:g}" for role, cpus in self.cpus.items()) + " CPU per replica"
 
 
 def fits(requests: list[float], nodes: list[float]) -> bool:
@@ -50,12 +51,13 @@ def fits(requests: list[float], nodes: list[float]) -> bool:
     return True
 
 
-def _replicas(settings: RaySettings, num_shards: int) -> dict[str, int]:
+def _replicas(settings: RaySettings, num_shards: int, writer: bool) -> dict[str, int]:
     return {"encoder": settings.encoder_replicas, "shard": num_shards * settings.shard_replicas,
-            "ingress": settings.ingress_replicas}
+            "ingress": settings.ingress_replicas, "writer": int(writer)}
 
 
-def size_requests(settings: RaySettings, num_shards: int, nodes: list[float], free: float | None = None) -> Sizing:
+def size_requests(settings: RaySettings, num_shards: int, nodes: list[float], free: float | None = None,
+                  writer: bool = False) -> Sizing:
     """The CPU request of each role's replicas.
 
     Args:
@@ -63,22 +65,24 @@ def size_requests(settings: RaySettings, num_shards: int, nodes: list[float], fr
         num_shards: the collection's shards (one deployment each).
         nodes: each alive node's CPUs (``ray.nodes()``).
         free: CPUs the cluster has free (``ray.available_resources()``; default: all of ``nodes``).
+        writer: the application has a ``Writer`` deployment (one replica).
 
     Returns:
         The sizing; ``fits`` is False when the explicit requests alone leave no room (the deployment then waits
         for resources: ``cluster.serve.wait_until_running`` names the setting after 60 s).
     """
-    counts = _replicas(settings, num_shards)
+    counts = _replicas(settings, num_shards, writer)
     explicit = {"encoder": settings.encoder_num_cpus, "shard": settings.shard_num_cpus,
-                "ingress": settings.ingress_num_cpus}
-    sized = {role: value is None for role, value in explicit.items()}
+                "ingress": settings.ingress_num_cpus, "writer": settings.writer_num_cpus}
+    roles = [role for role in FULL_SHARE if counts[role]]
+    sized = {role: explicit[role] is None for role in roles}
     budget = sum(nodes) if free is None else min(free, sum(nodes))
 
     def requests(factor: float) -> tuple[dict[str, float], list[float]]:
         cpus = {role: (explicit[role] if not sized[role]
                        else max(int(FULL_SHARE[role] * factor / _GRAIN) * _GRAIN, _GRAIN))
-                for role in FULL_SHARE}
-        return cpus, [cpus[role] for role in FULL_SHARE for _ in range(counts[role])]
+                for role in roles}
+        return cpus, [cpus[role] for role in roles for _ in range(counts[role])]
 
     factor = 1.0
     while True:
@@ -90,10 +94,8 @@ def size_requests(settings: RaySettings, num_shards: int, nodes: list[float], fr
 
 
 def sized_settings(settings: RaySettings, sizing: Sizing) -> RaySettings:
-    """``settings`` with every CPU request set (the sizing's)."""
-    return settings.model_copy(update={"encoder_num_cpus": sizing.cpus["encoder"],
-                                       "shard_num_cpus": sizing.cpus["shard"],
-                                       "ingress_num_cpus": sizing.cpus["ingress"]})
+    """``settings`` with the CPU request of every role the sizing has set (the sizing's)."""
+    return settings.model_copy(update={f"{role}_num_cpus": cpus for role, cpus in sizing.cpus.items()})
 
 
 def cluster_cpus() -> tuple[list[float], float]:

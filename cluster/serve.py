@@ -22,9 +22,10 @@ Deployments:
   ``REGIS_RAY_ON_MISSING_SHARDS=partial``, a 200 with ``partial: true`` and ``missing_shards``: never a
   silently incomplete ranking. Explanations (``explain=true``, POST /v1/explain): the query is encoded with its
   buddy patches by ``Encoder.explain_encode`` (one image per call, outside the batch), each result is explained
-  by its own shard deployment (``Shard.call("explain")``, from the shard's stored tokens and buddy patches). Not on
-  Ray: writes (uploads, deletes, metadata changes, index jobs: 501 ``not_supported``; update the collection with
-  ``regis index build --ray``, the shards follow their new versions).
+  by its own shard deployment (``Shard.call("explain")``, from the shard's stored tokens and buddy patches).
+- ``Writer`` (with ``REGIS_ENABLE_JOBS`` / ``--enable-jobs``, without Redis; ``cluster.writes``): the
+  collection's one writer, running the job queue of ``regis serve`` (uploads, deletes, metadata changes, folder
+  jobs), each job one collection version; the ingress reaches it through ``RayJobQueue``.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from pathlib import Path
 import numpy as np
 from ray import serve
 
+from cluster.local import replica_on_loopback
 from cluster.resources import FULL_SHARE
 from cluster.settings import RaySettings
 from regis.errors import ConfigError, EncoderUnavailableError, ShardsUnavailableError
-from regis.sharding.engine import READ_ONLY, LiveShard, ShardedQueryEngine
+from regis.sharding.engine import LiveShard, ShardedQueryEngine, collection_encoder
 from regis.sharding.layout import collection_manifest, read_layout
 from service.settings import Settings
 
@@ -51,33 +53,6 @@ log = logging.getLogger("regis.cluster")
 # what ``Shard.call`` runs besides search
 SHARD_METHODS = frozenset({"records", "select", "tokens", "info", "explain", "stored_image", "missing_fields",
                            "field_names"})
-
-
-def _replica_on_loopback() -> None:
-    """In a replica of a loopback cluster (``cluster.local``: every Ray server on 127.0.0.1), bind Ray Serve's
-    inter-deployment gRPC server to 127.0.0.1 as well: Ray Serve 2.60 binds it to "[::]:0" (every interface) in
-    ``Replica._on_initialized``, with no setting, although a one-node cluster reaches it on 127.0.0.1. Called
-    first in each deployment's constructor (before ``_on_initialized``); elsewhere, or on a Ray without that
-    function, it does nothing."""
-    import os
-
-    from cluster.local import LOOPBACK_ENV
-
-    if os.environ.get(LOOPBACK_ENV) != "0":
-        return
-    try:
-        from ray.serve._private import replica
-    except ImportError:
-        return
-    bind = getattr(replica, "add_port_to_grpc_server", None)
-    if bind is None or getattr(bind, "regis_loopback", False):
-        return
-
-    def on_loopback(server, address: str):
-        return bind(server, address.replace("[::]", "127.0.0.1", 1))
-
-    on_loopback.regis_loopback = True
-    replica.add_port_to_grpc_server = on_loopback
 
 
 def _wrapped(fn, *args):
@@ -105,15 +80,13 @@ class Encoder:
     def __init__(self, collection: str, settings: RaySettings, weights: str | None = None):
         import torch
 
-        from regis.models.encoder import encoder_from_manifest
         from regis.models.inference import inference_copy
 
-        _replica_on_loopback()
-        m = collection_manifest(collection)
+        replica_on_loopback()
         device = "cuda" if settings.encoder_num_gpus > 0 and torch.cuda.is_available() else "cpu"
         # the encoder itself encodes explained queries (buddy patches, patch tokens: as `regis serve`);
         # searches use the CPU inference copy `regis serve` encodes queries with (same tokens, less CPU)
-        self.model = encoder_from_manifest(m.encoder, m.weights, weights, device)
+        self.model = collection_encoder(collection, weights, device)
         self.encoder = inference_copy(self.model)
         self.encode.set_max_batch_size(settings.max_batch_size)
         self.encode.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
@@ -159,7 +132,7 @@ class Shard:
     """
 
     def __init__(self, collection: str, shard: int, settings: RaySettings):
-        _replica_on_loopback()
+        replica_on_loopback()
         self.live = LiveShard(collection, shard)
         self.search.set_max_batch_size(settings.max_batch_size)
         self.search.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
@@ -313,11 +286,13 @@ def _ray_live(service: Settings, engine: ShardedQueryEngine):
     return live
 
 
-def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: list):
+def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: list, writer=None):
     """The ``create_app`` start-up of the ingress: the Ray engine, a registry of the one collection, the index
-    watcher, no job queue (writes answer 501)."""
+    watcher, and the job queue: the ``Writer`` deployment's (``cluster.writes``), the Redis queue with
+    ``REGIS_REDIS_URL``, none for a read-only service (writes answer 403 ``jobs_disabled``, as ``regis serve``)."""
 
     def start(app) -> None:
+        from service.app import clean_staging
         from service.collections import CollectionRegistry
         from service.live import IndexWatcher
 
@@ -329,8 +304,17 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
             refresh=False)  # no blocking call on the event loop: the watcher's first poll fills the versions
         live = _ray_live(service, engine)
         app.state.live = live
-        app.state.read_only_reason = READ_ONLY
-        app.state.collections = CollectionRegistry(service, live, None)
+        if service.enable_jobs and service.redis_url:
+            from service.jobs import make_job_queue
+
+            app.state.jobs = make_job_queue(service, live)
+        elif service.enable_jobs and writer is not None:
+            from cluster.writes import RayJobQueue
+
+            app.state.jobs = RayJobQueue(writer)
+        app.state.collections = CollectionRegistry(service, live, app.state.jobs)
+        if app.state.jobs is not None:
+            clean_staging(app.state.collections, app.state.jobs)
         app.state.watcher = IndexWatcher(live, service.index_poll_s).start()
 
     return start
@@ -345,24 +329,26 @@ class Ingress:
         service: the service settings (upload limits, k / depth limits; ``index_dir`` = the collection).
         settings: Ray settings (timeouts, missing-shard policy).
         encoder: handle of the ``Encoder`` deployment.
+        writer: handle of the ``Writer`` deployment (``cluster.writes``), or None (read-only, or Redis jobs).
         *shards: handles of the shard deployments, in shard order.
 
     Raises:
         ValueError: the number of shard handles is not the collection's shard count.
     """
 
-    def __init__(self, service: Settings, settings: RaySettings, encoder, *shards):
-        _replica_on_loopback()
+    def __init__(self, service: Settings, settings: RaySettings, encoder, writer, *shards):
+        replica_on_loopback()
         num_shards = read_layout(service.index_dir)["num_shards"]
         if num_shards != len(shards):
             raise ValueError(f"{len(shards)} shard deployments for {num_shards} shards")
-        self.service, self.settings, self.encoder, self.shards = service, settings, encoder, list(shards)
+        self.service, self.settings, self.encoder, self.writer = service, settings, encoder, writer
+        self.shards = list(shards)
 
     def __serve_build_asgi_app__(self):
         from service.app import create_app
 
         return create_app(self.service, start=_ingress_start(self.service, self.settings, self.encoder,
-                                                            self.shards))
+                                                            self.shards, self.writer))
 
 
 def build_app(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None):
@@ -377,7 +363,7 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
     layout = read_layout(collection)
     gpus = {"num_gpus": settings.encoder_num_gpus} if settings.encoder_num_gpus else {}
     cpus = {"encoder": settings.encoder_num_cpus, "shard": settings.shard_num_cpus,
-            "ingress": settings.ingress_num_cpus}
+            "ingress": settings.ingress_num_cpus, "writer": settings.writer_num_cpus}
     cpus = {role: (value if value is not None else FULL_SHARE[role]) for role, value in cpus.items()}
     encoder = Encoder.options(num_replicas=settings.encoder_replicas,
                               max_ongoing_requests=settings.encoder_max_ongoing_requests,
@@ -388,10 +374,20 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
                             ray_actor_options={"num_cpus": cpus["shard"]}).bind(collection, s, settings)
               for s in range(layout["num_shards"])]
     service = service.model_copy(update={"index_dir": Path(collection)})
+    writer = None
+    if needs_writer(service):
+        from cluster.writes import Writer
+
+        writer = Writer.options(ray_actor_options={"num_cpus": cpus["writer"]}).bind(service, weights)
     return Ingress.options(num_replicas=settings.ingress_replicas,
                            max_ongoing_requests=settings.ingress_max_ongoing_requests,
                            ray_actor_options={"num_cpus": cpus["ingress"]}
-                           ).bind(service, settings, encoder, *shards)
+                           ).bind(service, settings, encoder, writer, *shards)
+
+
+def needs_writer(service: Settings) -> bool:
+    """Whether the application has a ``Writer`` deployment: it takes writes, and not through Redis."""
+    return bool(service.enable_jobs and not service.redis_url)
 
 
 def http_options(service: Settings, settings: RaySettings) -> dict:
@@ -426,7 +422,7 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
     if not ray.is_initialized():
         ray.init(address=settings.address, namespace=settings.namespace, log_to_driver=False)
     num_shards = read_layout(collection)["num_shards"]
-    sizing = size_requests(settings, num_shards, *cluster_cpus())
+    sizing = size_requests(settings, num_shards, *cluster_cpus(), writer=needs_writer(service))
     settings = sized_settings(settings, sizing)
     say(f"regis: deploying {num_shards} shard(s) x {settings.shard_replicas} replica(s), "
         f"{settings.encoder_replicas} encoder(s), {settings.ingress_replicas} ingress: {sizing.describe()}"
@@ -439,7 +435,7 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
     return f"http://{settings.http_host}:{settings.http_port}"
 
 
-_ROLE_OF = {"Encoder": "encoder", "Ingress": "ingress"}  # shard-NNN: "shard"
+_ROLE_OF = {"Encoder": "encoder", "Ingress": "ingress", "Writer": "writer"}  # shard-NNN: "shard"
 
 
 def _role(deployment: str) -> str:

@@ -31,6 +31,8 @@ class RaySettings(BaseSettings):
         shard_replicas: replicas of each shard deployment.
         shard_num_cpus: CPUs per shard replica (None: sized, see above).
         ingress_replicas, ingress_num_cpus: the REST ingress (None: sized, see above).
+        writer_num_cpus: the ``Writer`` deployment of ``regis serve --ray --enable-jobs`` (``cluster.writes``: one
+            replica; None: sized, 0.1 CPU where everything fits).
         ingress_max_ongoing_requests, encoder_max_ongoing_requests, shard_max_ongoing_requests: Ray Serve's
             ``max_ongoing_requests`` of each replica of the ingress, the encoder and each shard deployment: requests
             a replica runs at once; more wait in front of it in Ray's proxy / request router, which then retries
@@ -73,6 +75,7 @@ class RaySettings(BaseSettings):
     shard_num_cpus: float | None = Field(default=None, ge=0, le=256)
     ingress_replicas: int = Field(default=1, ge=1, le=1024)
     ingress_num_cpus: float | None = Field(default=None, ge=0, le=256)
+    writer_num_cpus: float | None = Field(default=None, ge=0, le=256)
     ingress_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     encoder_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     shard_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
@@ -90,7 +93,8 @@ class RaySettings(BaseSettings):
     def _empty_address(cls, v: object) -> object:
         return v or None  # REGIS_RAY_ADDRESS= (empty): always a new local cluster (cluster.connect)
 
-    @field_validator("encoder_num_cpus", "shard_num_cpus", "ingress_num_cpus", "build_decode_cpus", mode="before")
+    @field_validator("encoder_num_cpus", "shard_num_cpus", "ingress_num_cpus", "writer_num_cpus", "build_decode_cpus",
+                     mode="before")
     @classmethod
     def _empty_is_sized(cls, v: object) -> object:
         return None if v == "" else v  # REGIS_RAY_SHARD_NUM_CPUS= (empty): sized from the cluster

@@ -26,6 +26,8 @@ Redis, say) while the process is in the window, however fast the machine is.
 Pause points:
     ``build.batch-reported``     folder build: a batch is embedded and its progress reported, the next batch not
                                  yet embedded (the job is under way, nothing committed).
+    ``snapshot.state-read``      snapshot: the published state is read, its files not yet linked (writes that
+                                 go on may collect them: the snapshot starts over from the newer state).
 """
 
 from __future__ import annotations

@@ -22,7 +22,19 @@ from service.limits import FormLimitMiddleware, JSONTooLargeMiddleware, body_lim
 from service.metrics import Metrics, MetricsMiddleware
 from service.openapi_security import install_security
 from service.origin import OriginCheckMiddleware
-from service.routes import batch, collections, duplicates, explain, gallery, health, images, jobs, metrics, search
+from service.routes import (
+    batch,
+    collections,
+    duplicates,
+    explain,
+    gallery,
+    health,
+    images,
+    jobs,
+    metrics,
+    search,
+    snapshots,
+)
 from service.settings import Settings
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -163,7 +175,7 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     async def lifespan(app: FastAPI):
         app.state.settings = settings
         app.state.live = app.state.jobs = app.state.cache = app.state.watcher = app.state.batched = None
-        app.state.collections = app.state.read_only_reason = None
+        app.state.collections = None
         try:
             if start is not None:
                 start(app)
@@ -207,6 +219,7 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     app.include_router(health.router)
     strict = Depends(reject_unknown_query_params)
     app.include_router(collections.router, max_body_size=limits["default"], dependencies=[strict])
+    app.include_router(snapshots.router, max_body_size=limits["default"], dependencies=[strict])
     # every collection's routes, and the default collection's (the routes without /collections/{collection})
     routers = ((search, "search"), (batch, "images"), (explain, "search"), (images, "images"), (gallery, "default"),
                (jobs, "default"), (duplicates, "default"))

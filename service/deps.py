@@ -88,8 +88,7 @@ def get_jobs(request: Request) -> JobQueue:
 
     Raises:
         APIError: 403 when this service does not take jobs (``REGIS_ENABLE_JOBS`` is off), or the request's API
-            key has read scope only; 501 ``not_supported`` when it cannot take any (``app.state.read_only_reason``:
-            regis on Ray Serve).
+            key has read scope only.
     """
     from service.auth import require_write
 
@@ -99,9 +98,6 @@ def get_jobs(request: Request) -> JobQueue:
     if name is not None and registry is not None and name != registry.default_name:
         return registry.jobs(name)
     queue = getattr(request.app.state, "jobs", None)
-    read_only = getattr(request.app.state, "read_only_reason", None)
-    if queue is None and read_only:  # regis on Ray Serve
-        raise APIError(501, "not_supported", read_only)
     if queue is None:
         raise APIError(403, "jobs_disabled", "this service is read-only: set REGIS_ENABLE_JOBS=true to index "
                                              "folders, upload and delete images")

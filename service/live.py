@@ -148,6 +148,26 @@ class LiveIndex:
         self.encoder = self.engine.encoder
         return True
 
+    def _open_sharded_late(self) -> bool:
+        """A sharded collection opened after start-up (a named collection on its first request, or one whose first
+        version appeared since): True when it is now served."""
+        from regis.sharding.layout import is_sharded
+
+        if not is_sharded(self.index_dir):
+            return False
+        with self._lock:
+            if self.engine is None:
+                try:
+                    self._load_sharded()
+                except IndexFormatError as exc:  # no shard version yet: next time
+                    self.last_error = str(exc)
+                    return False
+            version = self.engine.snapshot.version
+        log.info("serving sharded collection %s version %d", self.index_dir, version)
+        if self.on_swap is not None:
+            self.on_swap(version)
+        return True
+
     @property
     def sharded(self) -> bool:
         """Whether the engine serves a sharded collection."""
@@ -177,6 +197,8 @@ class LiveIndex:
 
         if self.sharded:  # a ShardedQueryEngine (in this process, or over Ray Serve)
             return self._refresh_sharded(self.engine)
+        if self.engine is None and self._open_sharded_late():
+            return True
         with self._lock:
             current = self._current()
             engine = self.engine

@@ -73,6 +73,9 @@ class Settings(BaseSettings):
         lock_timeout_s: how long a job waits for another writer of the index, seconds.
         staging_grace_s: at start-up, staged uploads whose job the queue does not know are removed once this
             old, seconds (those of finished jobs at once).
+        snapshots_dir: where POST /v1/collections/{name}/snapshots writes snapshot files, one folder per
+            collection (REGIS_SNAPSHOTS_DIR; default ``collections_root/.snapshots``, else
+            ``<index_dir>-snapshots`` beside the index).
 
     Dynamic batching (``service.batched``):
         batch_max_size: concurrent requests encoded in one forward pass and searched in one batched search at
@@ -93,6 +96,7 @@ class Settings(BaseSettings):
     weights: Path | None = None
     device: TorchDevice = "cpu"
     images_root: Path | None = None
+    snapshots_dir: Path | None = None
     max_upload_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, le=1024**3)
     max_pixels: int = Field(default=64_000_000, ge=10_000)
     default_k: int = Field(default=10, ge=1, le=1000)
@@ -194,3 +198,11 @@ class Settings(BaseSettings):
         from regis.indexes.uploads import default_uploads_dir
 
         return self.uploads_dir or default_uploads_dir(self.index_dir, self.images_root)
+
+    def resolved_snapshots_dir(self) -> Path:
+        """The snapshots folder, default applied (see ``snapshots_dir``)."""
+        if self.snapshots_dir is not None:
+            return self.snapshots_dir
+        if self.collections_root is not None:
+            return self.collections_root / ".snapshots"
+        return self.index_dir.with_name(f"{self.index_dir.name}-snapshots")

@@ -89,9 +89,11 @@ class CollectionsRoot:
         return self.root / check_name(name)
 
     def exists(self, name: str) -> bool:
-        """Whether collection ``name`` exists."""
+        """Whether collection ``name`` exists (a config, a published index, or a sharded collection's record)."""
+        from regis.sharding.layout import SHARDS_FILE
+
         path = self.path(name)
-        return (path / CONFIG_FILE).is_file() or (path / CURRENT_FILE).is_file()
+        return any((path / f).is_file() for f in (CONFIG_FILE, CURRENT_FILE, SHARDS_FILE))
 
     def names(self) -> list[str]:
         """Every collection, sorted by name."""
@@ -156,20 +158,35 @@ class CollectionsRoot:
         Raises:
             CollectionNotFoundError: no such collection.
         """
-        from regis.indexes.manifest import read_manifest
 
         config = self.config(name)
         path = self.path(name)
-        current = read_current(path)
-        manifest = read_manifest(path / VERSIONS_DIR / current) if current else None
+        version, images, manifest = self._published(path)
         return {
             "name": name,
             "config": config.model_dump(),
-            "index_version": manifest.version if manifest else None,
-            "images": manifest.num_images if manifest else 0,
+            "index_version": version,
+            "images": images,
             "backbone": manifest.encoder.backbone if manifest else (config.backbone or "efficientnet-lite0"),
             "images_root": manifest.images_root if manifest else None,
         }
+
+    @staticmethod
+    def _published(path: Path):
+        """(version, images, a manifest) of the state published in ``path`` (a sharded collection: its record's
+        version, every shard's images, its first shard's manifest); (None, 0, None) before the first version."""
+        from regis.indexes.manifest import read_manifest
+        from regis.sharding.layout import is_sharded, read_state, shard_dir
+
+        if is_sharded(path):
+            state = read_state(path)
+            manifests = [read_manifest(shard_dir(path, s) / VERSIONS_DIR / n) for s, n in enumerate(state.names) if n]
+            if not manifests:
+                return None, 0, None
+            return state.version, sum(m.num_images for m in manifests), manifests[0]
+        current = read_current(path)
+        manifest = read_manifest(path / VERSIONS_DIR / current) if current else None
+        return (manifest.version, manifest.num_images, manifest) if manifest else (None, 0, None)
 
     def delete(self, name: str) -> None:
         """Remove a collection and everything in it (renamed away first, then deleted).

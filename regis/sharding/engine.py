@@ -46,10 +46,6 @@ from regis.retrieve.searcher import MAX_K, Mode
 from regis.sharding.layout import CollectionState, read_layout, read_state, shard_of
 from regis.sharding.search import ShardSearcher, merge_top_k
 
-READ_ONLY = ("regis on Ray Serve is read-only: add, change or delete images by building the collection again with "
-             "`regis index build FOLDER --index COLLECTION --ray` (it updates the shards incrementally), or through "
-             "the embedded `regis serve` of the collection")
-
 
 class _Done:
     """An answer already computed (or its exception), with the ``result()`` of a remote call."""
@@ -64,6 +60,24 @@ class _Done:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def collection_encoder(collection: Path | str, weights: str | None = None, device: str = "cpu"):
+    """The encoder a collection's manifest records (``RegisEncoder``; weights: the path given, else the copy the
+    collection stores, else the manifest's source), for queries and for the images its writes embed.
+
+    Raises:
+        IndexFormatError: not a sharded collection, or no shard version yet.
+        IndexMismatchError / WeightsError: the encoder cannot be rebuilt identically.
+    """
+    from regis.indexes.weights_copy import stored_weights
+    from regis.models.encoder import encoder_from_manifest
+    from regis.sharding.layout import collection_manifest, first_versioned_shard
+
+    manifest = collection_manifest(collection)
+    stored = stored_weights(first_versioned_shard(collection), manifest.weights)
+    return encoder_from_manifest(manifest.encoder, manifest.weights, weights, device,
+                                 stored=str(stored) if stored else None)
 
 
 class LiveShard:
@@ -292,14 +306,10 @@ class ShardedQueryEngine(QueryEngine):
             IndexFormatError: not a sharded collection, no shard version yet, or an unreadable shard.
             IndexMismatchError / WeightsError: the collection's encoder cannot be rebuilt identically.
         """
-        from regis.indexes.weights_copy import stored_weights
-        from regis.models.encoder import encoder_from_manifest
-        from regis.sharding.layout import collection_manifest, first_versioned_shard
+        from regis.sharding.layout import collection_manifest
 
         manifest = collection_manifest(collection)
-        stored = stored_weights(first_versioned_shard(collection), manifest.weights)
-        encoder = encoder_from_manifest(manifest.encoder, manifest.weights, weights, device,
-                                        stored=str(stored) if stored else None)
+        encoder = collection_encoder(collection, weights, device)
         shards: list[LocalShard] = []
         try:
             for s in range(read_layout(collection)["num_shards"]):

@@ -147,7 +147,7 @@ async def delete_image(
     """Remove an image from the index (its id is never reused; an uploaded file is deleted too). 200 once the
     new index version answers searches, 202 with the job id if the job takes longer than the wait.
     An image indexed from a folder comes back with the next scan of that folder if its file is still there."""
-    _record(engine, image_id)
+    await run_in_threadpool(_record, engine, image_id)  # (a remote shard on Ray: never block the loop)
     info = await run_in_threadpool(queue.submit, JobSpec(kind="delete", ids=[image_id]))
     if wait and settings.write_wait_s > 0:
         info = await await_job(queue, live, info.id, settings.write_wait_s) or info

@@ -225,3 +225,56 @@ def test_a_pause_point_holds_until_released_and_needs_a_release_file(tmp_path, m
     waiter.join(5)
     assert not waiter.is_alive()
     pause_point("build.batch-reported")  # released: passes at once
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # two server starts: 1.5-2 minutes on 2 busy cores
+def test_an_upload_to_a_sharded_collection_killed_between_shard_renames_is_not_seen_and_retries_once(
+        tmp_path, photos_dir, tiny_encoder):
+    """``regis serve`` (embedded jobs) on a collection of 2 shards: an upload of 2 images (one per shard) whose job
+    is killed after the first shard's new version is renamed into place, before the collection record: readers
+    (the restarted server) see the collection as before, and the retried upload adds both images exactly once, in
+    one collection version; no temporary file and no version newer than the record is left."""
+    from conftest import build
+    from regis.indexes.layout import SEGMENTS_DIR, TMP_PREFIX, VERSIONS_DIR
+    from regis.sharding.layout import read_state, shard_dir
+    from regis.sharding.write import split_index
+
+    (tmp_path / "root").mkdir()
+    single = tmp_path / "single"
+    images = tmp_path / "three"
+    images.mkdir()
+    for p in sorted(photos_dir.iterdir())[:3]:
+        (images / p.name).write_bytes(p.read_bytes())
+    build(images, single, tiny_encoder)
+    split_index(single, tmp_path / "index", 2)
+    state = read_state(tmp_path / "index")
+    files = [("files", ("red.png", _png("red"))), ("files", ("blue.png", _png("blue")))]
+    proc, url = _serve(tmp_path, {"REGIS_CRASH_AT": "sharded.shard-renamed"}, "api-1.log")
+    try:
+        with pytest.raises(httpx.HTTPError):  # the job runs in the API process: it dies inside the request
+            httpx.post(f"{url}/v1/images", files=files, timeout=60)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        kill(proc)
+    assert read_state(tmp_path / "index") == state  # the record: the write is not published
+    renamed = [sorted(p.name for p in (shard_dir(tmp_path / "index", s) / VERSIONS_DIR).iterdir()
+                      if not p.name.startswith(TMP_PREFIX)) for s in (0, 1)]
+    assert sorted(map(len, renamed)) == [1, 2]  # one shard's new version in place, read by nobody
+    proc, url = _serve(tmp_path, {"REGIS_STAGING_GRACE_S": "0"}, "api-2.log")
+    try:
+        assert httpx.get(f"{url}/readyz").json()["images"] == 3  # the old state
+        r = httpx.post(f"{url}/v1/images", files=files, timeout=60)
+        assert r.status_code == 201, r.text
+        assert [(i["status"], i["id"]) for i in r.json()["images"]] == [("added", 3), ("added", 4)]
+        assert r.json()["index_version"] == state.version + 1
+        ready = httpx.get(f"{url}/readyz").json()
+        assert ready["images"] == 5 and [s["images"] for s in ready["shards"]] == [3, 2]
+    finally:
+        kill(proc)
+    final = read_state(tmp_path / "index")
+    for s in (0, 1):
+        versions = sorted(p.name for p in (shard_dir(tmp_path / "index", s) / VERSIONS_DIR).iterdir())
+        assert versions[-1] == final.names[s] and not any(v.startswith(TMP_PREFIX) for v in versions)
+        assert not [p for p in (shard_dir(tmp_path / "index", s) / SEGMENTS_DIR).iterdir()
+                    if p.name.startswith(TMP_PREFIX)]

@@ -158,7 +158,15 @@ def test_a_killed_ray_build_resumes_without_duplicates_or_losses(ray_cluster, tm
 
 
 @pytest.fixture(scope="module")
-def ray_app(ray_collection):
+def ray_served(ray_collection, tmp_path_factory):
+    """A copy of the Ray-built collection, served by ``ray_app`` (which takes writes: the last test writes)."""
+    served = tmp_path_factory.mktemp("ray-served") / "collection"
+    shutil.copytree(ray_collection, served)
+    return served
+
+
+@pytest.fixture(scope="module")
+def ray_app(ray_served, images, tmp_path_factory):
     import httpx
     from ray import serve
 
@@ -167,7 +175,9 @@ def ray_app(ray_collection):
     from service.settings import Settings
 
     settings = RaySettings(**SETTINGS, shard_replicas=2, http_port=_free_port(), app_name="regis-test")
-    url = start(ray_collection, Settings(index_dir=ray_collection, index_poll_s=0.5), settings)
+    service = Settings(index_dir=ray_served, index_poll_s=0.5, enable_jobs=True, images_root=images,
+                       uploads_dir=tmp_path_factory.mktemp("ray-uploads"))
+    url = start(ray_served, service, settings)
     try:
         deadline = time.monotonic() + 300
         while httpx.get(url + "/readyz", timeout=30).status_code != 200:
@@ -221,8 +231,8 @@ def test_ray_serve_sharded_search_equals_unsharded_exact(ray_app, ray_collection
 
 
 def test_the_ray_ingress_is_the_regis_serve_api(ray_app, ray_collection, single_index, images):
-    """The routes of ``regis serve`` with its errors: images, files, similar, health, metrics, OpenAPI; what Ray
-    does not serve (writes) is a 501 that says so."""
+    """The routes of ``regis serve`` with its errors: images, files, similar, health, readiness, metrics,
+    OpenAPI."""
     import httpx
 
     data = sorted(images.iterdir())[0].read_bytes()
@@ -249,10 +259,12 @@ def test_the_ray_ingress_is_the_regis_serve_api(ray_app, ray_collection, single_
         assert c.get("/v1/images/999/similar").status_code == 404
         health = c.get("/healthz").json()
         assert health["status"] == "ok" and health["images"] == PHOTOS
+        ready = c.get("/readyz").json()
+        assert ready["ready"] and ready["images"] == PHOTOS and ready["checks"]["shards"] == "ok"
+        assert [(s["shard"], s["state"]) for s in ready["shards"]] == [(0, "ok"), (1, "ok")]
         assert "regis_index_images 8.0" in c.get("/metrics").text
         assert "/v1/images/{image_id}/similar" in c.get("/openapi.json").json()["paths"]
-        for r in (c.delete("/v1/images/3"), c.post("/v1/images", files={"files": ("q.png", data, "image/png")})):
-            assert r.status_code == 501 and r.json()["error"]["code"] == "not_supported", r.text
+        assert c.delete("/v1/images/3", params={"bogus": 1}).status_code == 422  # writes are routes here too
 
 
 def test_ray_explanations_equal_the_embedded_ones(ray_app, ray_collection, images):
@@ -323,3 +335,79 @@ def test_killing_a_shard_replica_mid_load_answers_or_fails_every_request_clearly
             assert body["error"]["code"] == "shards_unavailable" and "did not answer" in message
             assert "shards [0] of 2" in message or "shard 0 of 2" in message
     assert sum(status == 200 for _, status, _ in outcomes) >= 12
+
+
+def _mirrored_png(photo) -> bytes:
+    """A new image: the photo mirrored, as PNG bytes."""
+    import io
+
+    from PIL import Image, ImageOps
+
+    out = io.BytesIO()
+    ImageOps.mirror(Image.open(photo).convert("RGB")).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _job(client, folder: str) -> dict:
+    r = client.post("/v1/jobs/index", json={"folder": folder})
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 300
+    while (info := client.get(f"/v1/jobs/{r.json()['id']}").json())["state"] not in ("done", "failed"):
+        assert time.monotonic() < deadline, info
+        time.sleep(0.2)
+    assert info["state"] == "done", info
+    return info["result"]
+
+
+def test_writes_through_ray_serve_equal_the_single_machine_ones(ray_app, ray_collection, images, tmp_path):
+    """Uploads, a metadata change, a delete and a folder job through Ray Serve (the ``Writer`` deployment, one
+    collection version each) and through the embedded ``regis serve`` of another copy of the same collection:
+    the same answers, ids and versions, then the same listing and rankings (runs last: it writes the served
+    collection and adds a folder to the images)."""
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from service.settings import Settings
+
+    shutil.copytree(ray_collection, tmp_path / "collection")
+    photos = sorted(p for p in images.iterdir() if p.is_file())
+    service = Settings(index_dir=tmp_path / "collection", enable_jobs=True, images_root=images,
+                       uploads_dir=tmp_path / "uploads")
+    with TestClient(create_app(service)) as embedded, httpx.Client(base_url=ray_app, timeout=300) as ray:
+        version = ray.get("/readyz").json()["index_version"]
+        assert embedded.get("/readyz").json()["index_version"] == version
+        files = [("files", (f"new{i}.png", _mirrored_png(photos[i]), "image/png")) for i in range(2)]
+        meta = json.dumps([{"album": "mirror"}, {}])
+        got, want = (c.post("/v1/images", files=files, data={"metadata": meta}) for c in (ray, embedded))
+        assert got.status_code == want.status_code == 201, got.text
+        assert_same_json({**got.json(), "job_id": ""}, {**want.json(), "job_id": ""})
+        assert [i["id"] for i in got.json()["images"]] == [PHOTOS, PHOTOS + 1]
+        assert got.json()["index_version"] == version + 1  # one collection version, both shards written
+        assert {i["id"] % SHARDS for i in got.json()["images"]} == {0, 1}
+        for method, path, kwargs in (("PATCH", f"/v1/images/{PHOTOS + 1}", {"json": {"metadata": {"x": 1}}}),
+                                     ("DELETE", "/v1/images/3", {})):
+            got, want = (c.request(method, path, **kwargs) for c in (ray, embedded))
+            assert got.status_code == want.status_code == 200, got.text
+            assert_same_json({**got.json(), "job_id": ""}, {**want.json(), "job_id": ""})
+        (images / "extra").mkdir()
+        for i in (2, 3):
+            (images / "extra" / f"m{i}.png").write_bytes(_mirrored_png(photos[i]))
+        got, want = _job(ray, "extra"), _job(embedded, "extra")
+        keys = ("version", "added", "updated", "deleted", "unchanged", "skipped_count")
+        assert {k: got[k] for k in keys} == {k: want[k] for k in keys} and got["added"] == 2, (got, want)
+        assert got["version"] == version + 4
+        ray_list, emb_list = (c.get("/v1/images", params={"limit": 100}).json() for c in (ray, embedded))
+        assert [(i["id"], i["path"], i["sha256"], i["metadata"]) for i in ray_list["images"]] == \
+            [(i["id"], i["path"], i["sha256"], i["metadata"]) for i in emb_list["images"]]
+        assert ray_list["total"] == PHOTOS + 2 - 1 + 2
+        for data in (files[0][1][1], photos[2].read_bytes()):
+            params = {"k": PHOTOS + 4, "mode": "exact"}
+            got, want = _search(ray_app, data, **params), embedded.post(
+                "/v1/search", files={"file": ("q.png", data, "image/png")}, params=params)
+            assert got.status_code == 200, got.text
+            _assert_same_ranking(got.json(), want.json())
+            assert 3 not in [h["id"] for h in got.json()["results"]]
+        assert ray.get(f"/v1/images/{PHOTOS}/file").content == files[0][1][1]
+        ready = ray.get("/readyz").json()
+        assert ready["images"] == PHOTOS + 3 and ready["index_version"] == version + 4
