@@ -16,10 +16,10 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from regis.api.schemas import CollectionInfo, ErrorResponse
 from service.collections import CollectionRegistry
 from service.deps import collection_path, get_jobs, get_registry
 from service.errors import APIError
-from service.schemas import CollectionInfo, ErrorResponse
 
 router = APIRouter(prefix="/v1/collections/{collection}/snapshots", tags=["snapshots"])
 _ERRORS = {code: {"model": ErrorResponse} for code in (403, 404, 409, 422, 503)}
