@@ -36,6 +36,9 @@ class JobContext:
         lock_timeout_s: how long to wait for another writer of the index, seconds.
         job_id: the queue's id of the job (None: not from a queue that may run it again); recorded with the
             version the job publishes, so that a re-run reports the first run's result (``indexer.job_record``).
+        check_alive: for a named collection: raises ``CollectionDeletedError`` once it is deleted (or is
+            another incarnation); called before the job and when it fails, so a job whose collection went away
+            under it fails saying so (not with the ``OSError`` its writes met at the tombstone).
     """
 
     index_dir: Path
@@ -46,6 +49,7 @@ class JobContext:
     num_workers: int | None = None
     lock_timeout_s: float = 300.0
     job_id: str | None = None
+    check_alive: Callable[[], None] | None = None
 
 
 def _discard_staging(uploads_dir: Path, spec: JobSpec) -> None:
@@ -111,8 +115,19 @@ def execute_job(spec: JobSpec, ctx: JobContext, report: ProgressFn) -> dict:
         IndexMismatchError: the index was built with another encoder.
         IndexLockedError: another writer held the index past ``ctx.lock_timeout_s``.
         IndexFormatError: a delete on a missing index.
+        CollectionDeletedError: the job's collection was deleted before or while it ran (``ctx.check_alive``).
     """
+    if ctx.check_alive is not None:
+        ctx.check_alive()
+    try:
+        return _execute(spec, ctx, report)
+    except Exception:
+        if ctx.check_alive is not None:
+            ctx.check_alive()  # its collection went away under it: say so
+        raise
 
+
+def _execute(spec: JobSpec, ctx: JobContext, report: ProgressFn) -> dict:
     def on_progress(p: dict) -> None:
         report({"phase": "embedding", **p})
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import redis
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from regis.errors import ConfigError, IndexLockedError, RegisError
@@ -40,7 +40,8 @@ class WorkerSettings(BaseSettings):
     Attributes:
         redis_url: Redis holding the job queue (REGIS_REDIS_URL), required.
         redis_prefix: key prefix shared with the API.
-        index_dir: the index the jobs write.
+        index_dir: the index the jobs for the default collection write (REGIS_INDEX_DIR; default, as the API's:
+            ``collections_root/default_collection``).
         images_root: the folder index jobs may read (None: index jobs fail, uploads still work).
         uploads_dir: where uploads are stored (default: ``images_root/.uploads``, else ``index_dir/uploads``).
         backbone, weights, random_init: the encoder for a new index (an existing index's own encoder
@@ -62,7 +63,7 @@ class WorkerSettings(BaseSettings):
 
     redis_url: RedisURL
     redis_prefix: RedisPrefix = DEFAULT_PREFIX
-    index_dir: Path
+    index_dir: Path | None = None  # filled in from collections_root when not given (never None after validation)
     images_root: Path | None = None
     uploads_dir: Path | None = None
     backbone: str | None = None
@@ -78,6 +79,14 @@ class WorkerSettings(BaseSettings):
     maintenance_interval_s: int = Field(default=30, ge=1, le=3600)
     collections_root: Path | None = None
     default_collection: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+    @model_validator(mode="after")
+    def _default_index(self) -> WorkerSettings:
+        if self.index_dir is None:  # as the API's settings: docs/DEPLOY.md's default
+            if self.collections_root is None:
+                raise ValueError("set index_dir (REGIS_INDEX_DIR) or collections_root (REGIS_COLLECTIONS_ROOT)")
+            self.index_dir = self.collections_root / self.default_collection
+        return self
 
     def resolved_uploads_dir(self) -> Path:
         """The uploads folder, default applied."""
@@ -118,6 +127,25 @@ def _collection_settings(settings: WorkerSettings, collection: str | None) -> Wo
     return settings.model_copy(update=CollectionsRoot(settings.collections_root).overrides(collection))
 
 
+def _collection_check(settings: WorkerSettings, collection: str | None, uid: str | None):
+    """A job's ``JobContext.check_alive`` (None for the default collection), run once now.
+
+    Raises:
+        CollectionDeletedError: the collection was deleted since the job was queued (a refusal: no retry).
+    """
+    if collection is None or collection == settings.default_collection or settings.collections_root is None:
+        return None
+    from regis.indexes.collections import CollectionsRoot
+
+    root = CollectionsRoot(settings.collections_root)
+
+    def check() -> None:
+        root.check_alive(collection, uid)
+
+    check()
+    return check
+
+
 def perform_job(spec: dict) -> dict:
     """The RQ job function (``regis.jobs.rq_queue.PERFORM_JOB``): run one job in the work horse.
 
@@ -145,13 +173,15 @@ def perform_job(spec: dict) -> dict:
     except ValidationError as exc:
         return reporter.refuse(JobError(code="invalid_job", message=f"invalid job: {exc.error_count()} errors"))
     try:
+        check_alive = _collection_check(settings, parsed.collection, parsed.collection_uid)
         settings = _collection_settings(settings, parsed.collection)
     except RegisError as exc:
-        return reporter.refuse(JobError(code="invalid_job", message=str(exc)))
+        return reporter.refuse(JobError(code=error_code(exc), message=str(exc)))
     ctx = JobContext(
         index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
         encoder=lambda: _encoder(settings), batch_size=settings.build_batch_size,
         num_workers=settings.build_workers, lock_timeout_s=settings.lock_timeout_s, job_id=job.id,
+        check_alive=check_alive,
     )
     try:
         result = execute_job(parsed, ctx, reporter.progress)

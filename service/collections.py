@@ -4,6 +4,12 @@ The default collection is the service's ``index_dir`` (``REGIS_INDEX_DIR``, else
 and is loaded at startup, as before collections existed; the routes without ``/collections/{name}`` answer
 from it. Other collections live under ``REGIS_COLLECTIONS_ROOT`` (``regis.indexes.collections``) and are
 opened on their first request, each with its own encoder (several backbones can be served at once).
+
+A deleted collection is gone for every request at once: ``delete`` drops it from the registry, tombstones its
+folder (``regis.indexes.collections``: no job under way can bring it back), fails the jobs its embedded queue
+still held (``collection_deleted``) and refuses later submissions; every write looks the collection up again
+(one ``stat``), so a write on another replica answers 404 too, and the index watcher closes collections whose
+folder is gone.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from regis.indexes.collections import (
     CollectionsRoot,
 )
 from regis.indexes.layout import read_current
+from regis.jobs.model import JobError
 from service.errors import APIError
 from service.live import LiveIndex
 
@@ -69,12 +76,16 @@ class CollectionRegistry:
 
     def settings_for(self, name: str):
         """The service settings as collection ``name`` sees them: its index directory, its encoder choice and
-        its own uploads folder."""
+        its own uploads folder.
+
+        Raises:
+            APIError: 404 for an unknown (or deleted) collection.
+        """
         if name == self.default_name:
             return self.settings
+        self._check(name)  # every time: deleted by another replica meanwhile
         found = self._settings.get(name)
         if found is None:
-            self._check(name)
             found = self._settings[name] = self.settings.model_copy(update=self._require_root().overrides(name))
         return found
 
@@ -87,8 +98,8 @@ class CollectionRegistry:
         found = self._live.get(name)
         if found is not None:
             return found
-        self._check(name)
-        with self._lock:
+        with self._lock:  # under the lock: a delete either comes before this (404) or drops what this opens
+            self._check(name)
             found = self._live.get(name)
             if found is None:
                 found = LiveIndex(self.settings_for(name),
@@ -106,29 +117,54 @@ class CollectionRegistry:
         """
         queue = self._jobs.get(name)
         if queue is not None:
+            if name != self.default_name:
+                self._check(name)  # deleted by another replica meanwhile
             return queue
         if self._jobs.get(self.default_name) is None:
             raise APIError(403, "jobs_disabled", "this service is read-only: set REGIS_ENABLE_JOBS=true to index "
                                                  "folders, upload and delete images")
         live = self.live(name)
+        settings = self.settings_for(name)
         with self._lock:
+            self._check(name)
             queue = self._jobs.get(name)
             if queue is None:
                 from service.jobs import make_job_queue
 
-                queue = make_job_queue(self.settings_for(name), live, collection=name)
+                queue = make_job_queue(settings, live, collection=name, uid=self._require_root().uid(name))
                 self._jobs[name] = queue
         return queue
 
     def refresh(self) -> bool:
-        """Refresh every opened collection (the index watcher calls this); True when any swapped."""
+        """Refresh every opened collection (the index watcher calls this), closing those deleted meanwhile (by
+        another replica); True when any swapped."""
         swapped = False
-        for live in list(self._live.values()):
+        for name, live in list(self._live.items()):
+            if name != self.default_name and not self.exists(name):
+                self._forget(name)
+                continue
             try:
                 swapped = live.refresh() or swapped
             except Exception:  # one bad collection must not stop the others
                 log.exception("refreshing collection %s failed", live.index_dir)
         return swapped
+
+    def _forget(self, name: str) -> None:
+        """Drop a deleted collection: its queued jobs fail (``collection_deleted``), later submissions are refused,
+        its index is closed (searches under way finish on the version they hold)."""
+        with self._lock:
+            live = self._live.pop(name, None)
+            queue = self._jobs.pop(name, None)
+            self._settings.pop(name, None)
+        if queue is not None:
+            try:
+                queue.close(cancel=JobError(code="collection_deleted", message=f"collection {name!r} was deleted"))
+            except Exception:
+                log.exception("stopping the jobs of collection %s", name)
+        if live is not None:
+            live.close()
+        if live is not None or queue is not None:
+            log.info("collection %s deleted: closed", name)
 
     # ------------------------------------------------------------------ management
     def names(self) -> list[str]:
@@ -210,19 +246,14 @@ class CollectionRegistry:
         root = self._require_root()
         if name == self.default_name:
             raise APIError(409, "collection_protected", "the default collection cannot be deleted")
-        self._check(name)
-        with self._lock:
-            live = self._live.pop(name, None)
-            queue = self._jobs.pop(name, None)
-            self._settings.pop(name, None)
-        if queue is not None:
-            queue.close()
-        if live is not None:
-            live.close()
-        try:
-            root.delete(name)
-        except CollectionNotFoundError:
-            raise APIError(404, "collection_not_found", f"no collection named {name!r}") from None
+        with self._lock:  # no live index or queue can be opened for it meanwhile (live(), jobs())
+            self._check(name)
+            try:  # from here on no writer can bring it back (a tombstone takes its place)
+                root.delete(name, purge=False)
+            except CollectionNotFoundError:
+                raise APIError(404, "collection_not_found", f"no collection named {name!r}") from None
+        self._forget(name)
+        root.clean_graves()  # the renamed folder, outside the lock
 
     def close(self) -> None:
         """Close every opened collection but the default one (the app closes that)."""

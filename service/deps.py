@@ -49,6 +49,18 @@ def get_registry(request: Request):
     return getattr(request.app.state, "collections", None)
 
 
+def check_collection_exists(request: Request) -> None:
+    """Refuse (404) a request whose collection is gone (deleted while the request ran).
+
+    Raises:
+        APIError: 404 ``collection_not_found``.
+    """
+    name = get_collection_name(request)
+    registry = get_registry(request)
+    if name is not None and registry is not None and not registry.exists(name):
+        raise APIError(404, "collection_not_found", f"no collection named {name!r} (it was deleted)")
+
+
 def get_live(request: Request) -> LiveIndex | None:
     """The live index holder of the request's collection (None when the app was created with ``load=False``).
 
@@ -101,6 +113,10 @@ def get_jobs(request: Request) -> JobQueue:
     if queue is None:
         raise APIError(403, "jobs_disabled", "this service is read-only: set REGIS_ENABLE_JOBS=true to index "
                                              "folders, upload and delete images")
+    if queue.backend == "redis":  # the shared queue, seen from the default collection: its jobs only
+        from service.jobs import CollectionJobQueue
+
+        return CollectionJobQueue(queue, None, owns=False)
     return queue
 
 

@@ -19,7 +19,7 @@ from regis.errors import (
     UnavailableError,
 )
 from regis.indexes.filters import UnknownFieldError
-from regis.jobs.model import QueueUnavailableError
+from regis.jobs.model import QueueClosedError, QueueUnavailableError
 
 log = logging.getLogger("regis.service")
 
@@ -94,6 +94,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UnavailableError)
     async def _unavailable(_: Request, exc: UnavailableError):  # a shard or the remote encoder: retry later
         return JSONResponse(error_body(exc.code, str(exc)), status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(QueueClosedError)
+    async def _queue_closed(_: Request, exc: QueueClosedError):  # a deleted collection's queue, or shutting down
+        if exc.code == "collection_deleted":
+            return JSONResponse(error_body("collection_not_found", str(exc)), status_code=404)
+        return JSONResponse(error_body("queue_unavailable", str(exc)), status_code=503)
 
     @app.exception_handler(QueueUnavailableError)
     async def _queue_down(_: Request, exc: QueueUnavailableError):

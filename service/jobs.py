@@ -17,46 +17,62 @@ log = logging.getLogger("regis.service")
 
 
 class CollectionJobQueue(JobQueue):
-    """A shared (Redis) queue seen from one collection: the jobs it submits name the collection, so the worker
-    writes that collection's index."""
+    """A shared (Redis) queue seen from one collection (None: the default one): the jobs it submits name the
+    collection (and its incarnation, ``uid``), so the worker writes that collection's index; it shows only that
+    collection's jobs (``GET /v1/collections/X/jobs`` used to list every collection's)."""
 
-    def __init__(self, queue: JobQueue, collection: str):
+    def __init__(self, queue: JobQueue, collection: str | None, uid: str | None = None, owns: bool = True):
         self.queue = queue
         self.collection = collection
+        self.uid = uid
+        self.owns = owns  # close() closes the queue underneath
         self.backend = queue.backend
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> JobInfo:
-        return self.queue.submit(spec.model_copy(update={"collection": self.collection}), job_id)
+        return self.queue.submit(spec.model_copy(update={"collection": self.collection,
+                                                         "collection_uid": self.uid}), job_id)
 
     def get(self, job_id: str) -> JobInfo | None:
-        return self.queue.get(job_id)
+        info = self.queue.get(job_id)
+        return info if info is not None and info.params.get("collection") == self.collection else None
 
     def list(self, limit: int = 20) -> list[JobInfo]:
-        return self.queue.list(limit)
+        return self.queue.list(limit, collection=self.collection)
 
-    def close(self) -> None:
-        self.queue.close()
+    def ping(self) -> bool:
+        return self.queue.ping()
+
+    def close(self, cancel=None) -> None:
+        if self.owns:
+            self.queue.close()
 
 
-def make_job_queue(settings, live: LiveIndex, collection: str | None = None) -> JobQueue:
+def make_job_queue(settings, live: LiveIndex, collection: str | None = None, uid: str | None = None) -> JobQueue:
     """The Redis queue when ``settings.redis_url`` is set, else the embedded one (jobs run in this process,
     through the indexer's public ``execute_job``, and the new version is swapped in right after).
 
     ``collection``: a collection other than the default one (``settings`` are then that collection's, see
-    ``service.collections``); its Redis jobs carry its name for the worker."""
+    ``service.collections``), ``uid`` its incarnation; its Redis jobs carry both for the worker, its embedded
+    jobs check them (a job of a deleted collection fails ``collection_not_found``)."""
     if settings.redis_url:
         from regis.jobs.rq_queue import RedisJobQueue
 
         queue = RedisJobQueue(settings.redis_url, RedisNames(settings.redis_prefix), retries=settings.job_retries,
                               job_timeout_s=settings.job_timeout_s)
-        return CollectionJobQueue(queue, collection) if collection else queue
+        return CollectionJobQueue(queue, collection, uid) if collection else queue
     from indexer import JobContext, execute_job
     from regis.jobs.queue import LocalJobQueue
 
+    check_alive = None
+    if collection is not None:
+        from regis.indexes.collections import CollectionsRoot
+
+        root = CollectionsRoot(settings.collections_root)
+        check_alive = lambda: root.check_alive(collection, uid)  # noqa: E731
     ctx = JobContext(
         index_dir=settings.index_dir, uploads_dir=settings.resolved_uploads_dir(), images_root=settings.images_root,
         encoder=live.ensure_encoder, batch_size=settings.build_batch_size, num_workers=settings.build_workers,
-        lock_timeout_s=settings.lock_timeout_s,
+        lock_timeout_s=settings.lock_timeout_s, check_alive=check_alive,
     )
     return LocalJobQueue(lambda spec, report: execute_job(spec, ctx, report), on_done=lambda _: live.refresh())
 

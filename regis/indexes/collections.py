@@ -8,13 +8,21 @@
         ...
 
 Each collection has its own encoder, manifest and versions; nothing is shared between them. A collection
-exists when its folder holds ``collection.json`` or a published index (``CURRENT``). Deleting one renames its
-folder out of sight first (``.deleted-<name>-<uuid>``), so readers never see half of it.
+exists when its folder holds ``collection.json`` or a published index (``CURRENT``).
+
+Deleting one is a state change every writer sees: its folder is renamed out of sight (``.deleted-<name>-<uuid>``,
+so readers never see half of it, then removed) and an empty *file* takes its name, a tombstone. A writer that
+was under way (an index job, an upload being staged, a thumbnail) cannot recreate the folder through it: every
+``mkdir`` or ``open`` below ``ROOT/<name>/`` fails (``NotADirectoryError``), where a plain rename let a job's
+``mkdir(parents=True)`` bring the collection back with the job's images and a default config (issue 27, item 4).
+Only ``create`` removes a tombstone, and a collection created again gets a new ``uid``, so a job queued for the
+old one is refused (``check_alive``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import uuid
@@ -23,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from regis.errors import ConfigError, RegisError
-from regis.indexes.layout import CURRENT_FILE, VERSIONS_DIR, read_current, write_json_atomic
+from regis.indexes.layout import CURRENT_FILE, VERSIONS_DIR, fsync_dir, read_current, write_json_atomic
 
 CONFIG_FILE = "collection.json"
 DEFAULT_COLLECTION = "default"
@@ -40,6 +48,10 @@ class CollectionExistsError(RegisError):
     """A collection of that name exists already."""
 
 
+class CollectionDeletedError(CollectionNotFoundError):
+    """The collection a job or request was for has been deleted (or deleted and created again) meanwhile."""
+
+
 class CollectionConfig(BaseModel):
     """What a collection embeds with, fixed when it is created (its index manifest then records the rest).
 
@@ -48,6 +60,8 @@ class CollectionConfig(BaseModel):
         weights: weights file (None: the backbone's default weights).
         random_init: random weights (tests only).
         description: free text.
+        uid: this incarnation of the collection (set by ``create``; a collection deleted and created again under
+            the same name gets another one). None for collections made before uids existed.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -56,6 +70,7 @@ class CollectionConfig(BaseModel):
     weights: str | None = None
     random_init: bool = False
     description: str = Field(default="", max_length=1000)
+    uid: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
 
 def check_name(name: str) -> str:
@@ -95,11 +110,36 @@ class CollectionsRoot:
         path = self.path(name)
         return any((path / f).is_file() for f in (CONFIG_FILE, CURRENT_FILE, SHARDS_FILE))
 
+    def is_tombstone(self, name: str) -> bool:
+        """Whether ``name`` was deleted (its tombstone file is there) and not created again."""
+        return self.path(name).is_file()
+
     def names(self) -> list[str]:
         """Every collection, sorted by name."""
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if _NAME.match(p.name) and self.exists(p.name))
+
+    def uid(self, name: str) -> str | None:
+        """The collection's incarnation (``CollectionConfig.uid``; None for one made before uids).
+
+        Raises:
+            CollectionNotFoundError: no such collection.
+        """
+        return self.config(name).uid
+
+    def check_alive(self, name: str, uid: str | None) -> None:
+        """Refuse work for a collection that is gone, or was deleted and created again since ``uid`` was read.
+
+        Raises:
+            CollectionDeletedError: it was deleted (or is another incarnation now).
+        """
+        try:
+            current = self.config(name).uid
+        except (CollectionNotFoundError, ConfigError):
+            raise CollectionDeletedError(f"collection {name!r} was deleted") from None
+        if uid is not None and current != uid:
+            raise CollectionDeletedError(f"collection {name!r} was deleted (and created again since)")
 
     def config(self, name: str) -> CollectionConfig:
         """The collection's config (an index built without ``create`` has the default one).
@@ -135,8 +175,11 @@ class CollectionsRoot:
         path = self.path(name)
         if self.exists(name):
             raise CollectionExistsError(f"collection {name!r} exists already")
+        if path.is_file():  # the tombstone of a deleted collection of that name
+            path.unlink()
         path.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path / CONFIG_FILE, (config or CollectionConfig()).model_dump())
+        config = (config or CollectionConfig()).model_copy(update={"uid": uuid.uuid4().hex})
+        write_json_atomic(path / CONFIG_FILE, config.model_dump())
         return path
 
     def overrides(self, name: str) -> dict:
@@ -188,8 +231,9 @@ class CollectionsRoot:
         manifest = read_manifest(path / VERSIONS_DIR / current) if current else None
         return (manifest.version, manifest.num_images, manifest) if manifest else (None, 0, None)
 
-    def delete(self, name: str) -> None:
-        """Remove a collection and everything in it (renamed away first, then deleted).
+    def delete(self, name: str, purge: bool = True) -> None:
+        """Remove a collection and everything in it: renamed away, a tombstone put in its place (module
+        docstring), then the renamed folder deleted (``purge``; else left to ``clean_graves``).
 
         Raises:
             CollectionNotFoundError: no such collection.
@@ -197,6 +241,29 @@ class CollectionsRoot:
         if not self.exists(name):
             raise CollectionNotFoundError(f"no collection named {name!r}")
         path = self.path(name)
-        grave = self.root / f"{_DELETED_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
-        path.rename(grave)
-        shutil.rmtree(grave, ignore_errors=True)
+        graves = []
+        for _ in range(10):  # a writer may recreate the folder between the rename and the tombstone: again
+            if path.is_dir():
+                grave = self.root / f"{_DELETED_PREFIX}{name}-{uuid.uuid4().hex[:8]}"
+                path.rename(grave)
+                graves.append(grave)
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                break
+            except FileExistsError:
+                if path.is_file():
+                    break
+        else:
+            raise CollectionDeletedError(f"collection {name!r} kept coming back while being deleted")
+        fsync_dir(self.root)
+        for grave in graves if purge else ():
+            shutil.rmtree(grave, ignore_errors=True)
+
+    def clean_graves(self) -> list[str]:
+        """Remove what deletes left behind (a process killed while removing a renamed folder)."""
+        if not self.root.is_dir():
+            return []
+        left = [p for p in self.root.iterdir() if p.name.startswith(_DELETED_PREFIX) and p.is_dir()]
+        for p in left:
+            shutil.rmtree(p, ignore_errors=True)
+        return [p.name for p in left]

@@ -26,6 +26,14 @@ class QueueUnavailableError(RegisError):
     """The job queue (Redis) cannot be reached; the message says so without internals."""
 
 
+class QueueClosedError(RegisError):
+    """The job queue takes no more jobs; ``code`` says why ("collection_deleted", "queue_closed")."""
+
+    def __init__(self, message: str, code: str = "queue_closed"):
+        super().__init__(message)
+        self.code = code
+
+
 class UploadItem(BaseModel):
     """One uploaded image of an ``add`` job (see ``regis.indexes.uploads``).
 
@@ -60,6 +68,8 @@ class JobSpec(BaseModel):
         uploads: ``add``: the staged images.
         ids: ``delete``: image ids.
         collection: the collection the job writes (None: the deployment's default collection).
+        collection_uid: the incarnation of ``collection`` it was submitted for (``CollectionConfig.uid``): a job
+            queued before its collection was deleted is refused, even if one of that name exists again.
         metadata: ``metadata``: a JSON merge patch of the image's user metadata (``ids``: the one image).
         replace_metadata: ``metadata``: replace the user metadata instead of patching it.
     """
@@ -71,6 +81,7 @@ class JobSpec(BaseModel):
     uploads: list[UploadItem] = Field(default_factory=list)
     ids: list[int] = Field(default_factory=list)
     collection: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    collection_uid: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     metadata: dict | None = None
     replace_metadata: bool = False
 
@@ -163,8 +174,10 @@ def utc_now() -> str:
 def error_code(exc: BaseException) -> str:
     """A stable code for a regis error raised by a job (``regis.errors`` class -> snake case)."""
     from regis import errors
+    from regis.indexes.collections import CollectionNotFoundError
 
     codes = {
+        CollectionNotFoundError: "collection_not_found",
         errors.ConfigError: "invalid_job",
         errors.IndexMismatchError: "encoder_mismatch",
         errors.IndexLockedError: "index_locked",

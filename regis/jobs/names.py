@@ -48,8 +48,14 @@ class RedisNames:
 
     @property
     def recent_jobs(self) -> str:
-        """Sorted set of job ids by submission time (``GET /v1/jobs``)."""
+        """Sorted set of job ids by submission time, every collection's (metrics, start-up clean-up)."""
         return f"{self.prefix}:jobs:recent"
+
+    def recent_jobs_of(self, collection: str | None) -> str:
+        """Sorted set of the job ids of one collection (None: the default one) by submission time
+        (``GET /v1/jobs``, ``GET /v1/collections/{name}/jobs``). Collection names start with a letter or digit,
+        so ``-`` cannot be one."""
+        return f"{self.prefix}:jobs:recent:{collection or '-'}"
 
     def cache_key(self, version: int, query_sha256: str, params: str) -> str:
         """Query-result cache key of a query image hash, an index version and the search parameters."""

@@ -18,7 +18,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from regis.errors import IndexLockedError, RegisError
-from regis.jobs.model import JOB_STATES, JobError, JobInfo, JobProgress, JobSpec, error_code, utc_now
+from regis.jobs.model import (
+    JOB_STATES,
+    JobError,
+    JobInfo,
+    JobProgress,
+    JobSpec,
+    QueueClosedError,
+    error_code,
+    utc_now,
+)
 
 log = logging.getLogger("regis.jobs")
 
@@ -85,8 +94,9 @@ class JobQueue(abc.ABC):
         """Whether the queue is reachable."""
         return True
 
-    def close(self) -> None:  # noqa: B027 (optional for subclasses)
-        """Release connections and threads."""
+    def close(self, cancel: JobError | None = None) -> None:  # noqa: B027 (optional for subclasses)
+        """Release connections and threads. ``cancel``: the jobs not started yet fail with this error and later
+        submissions are refused (``QueueClosedError``), where the queue holds them (the embedded one)."""
 
 
 class LocalJobQueue(JobQueue):
@@ -110,14 +120,21 @@ class LocalJobQueue(JobQueue):
         self._specs: dict[str, JobSpec] = {}
         self._lock = threading.Lock()
         self._pending: queue_mod.Queue[str | None] = queue_mod.Queue()
+        self._closed: JobError | None = None
         self._thread = threading.Thread(target=self._run, name="regis-jobs", daemon=True)
         self._thread.start()
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> JobInfo:
-        """Queue a job; it runs after the ones before it."""
+        """Queue a job; it runs after the ones before it.
+
+        Raises:
+            QueueClosedError: the queue was closed (its collection deleted: ``close(cancel=...)``).
+        """
         job_id = job_id or new_job_id()
         info = JobInfo(id=job_id, kind=spec.kind, state="queued", params=spec.params(), submitted_at=utc_now())
         with self._lock:
+            if self._closed is not None:
+                raise QueueClosedError(self._closed.message, code=self._closed.code)
             self._jobs[job_id] = info
             self._specs[job_id] = spec
             self._forget_old()
@@ -136,11 +153,21 @@ class LocalJobQueue(JobQueue):
         with self._lock:
             return [info.model_copy(deep=True) for info in reversed(self._jobs.values())][:limit]
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, cancel: JobError | None = None, timeout_s: float = 5.0) -> None:
         """Stop after the running job (waits up to ``timeout_s``; a job still running then is abandoned
-        uncommitted when the process exits)."""
+        uncommitted when the process exits). With ``cancel`` (a deleted collection): the queued jobs fail with
+        that error at once, later submissions raise ``QueueClosedError``, and nothing is waited for (the running
+        job ends on its own: its collection is gone)."""
+        with self._lock:
+            self._closed = cancel or JobError(code="queue_closed", message="the job queue is stopping")
+            if cancel is not None:
+                for job_id, info in self._jobs.items():
+                    if info.state == "queued":
+                        self._specs.pop(job_id, None)
+                        info.state, info.error, info.ended_at = "failed", cancel, utc_now()
         self._pending.put(None)
-        self._thread.join(timeout=timeout_s)
+        if cancel is None:
+            self._thread.join(timeout=timeout_s)
 
     def _forget_old(self) -> None:
         finished = [i for i, info in self._jobs.items() if info.state in ("done", "failed")]

@@ -165,8 +165,9 @@ class RedisJobQueue(JobQueue):
                 description=f"regis {spec.kind} job",
             )
             pipe = self.conn.pipeline()
-            pipe.zadd(self.names.recent_jobs, {job.id: time.time()})
-            pipe.zremrangebyrank(self.names.recent_jobs, 0, -self.history - 1)
+            for key in (self.names.recent_jobs, self.names.recent_jobs_of(spec.collection)):
+                pipe.zadd(key, {job.id: time.time()})
+                pipe.zremrangebyrank(key, 0, -self.history - 1)
             pipe.execute()
         return self._info(job)
 
@@ -185,13 +186,15 @@ class RedisJobQueue(JobQueue):
                 return None
             return self._info(job)
 
-    def list(self, limit: int = 20) -> list[JobInfo]:
-        """Recent jobs, newest first (expired ones are left out)."""
+    def list(self, limit: int = 20, collection: str | None = "*") -> list[JobInfo]:
+        """Recent jobs, newest first (expired ones are left out): of one collection (None: the default one), or
+        of every collection ("*")."""
         from rq.job import Job
         from rq.serializers import JSONSerializer
 
+        key = self.names.recent_jobs if collection == "*" else self.names.recent_jobs_of(collection)
         with unavailable_as(self.unavailable):
-            ids = [i.decode() for i in self.conn.zrevrange(self.names.recent_jobs, 0, max(0, limit - 1))]
+            ids = [i.decode() for i in self.conn.zrevrange(key, 0, max(0, limit - 1))]
             jobs = Job.fetch_many(ids, connection=self.conn, serializer=JSONSerializer) if ids else []
             return [self._info(job) for job in jobs if job is not None]
 

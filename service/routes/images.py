@@ -18,7 +18,7 @@ from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue, new_job_id
 from regis.retrieve.query import QueryEngine
 from service import uploads
-from service.deps import get_engine, get_jobs, get_live, get_settings
+from service.deps import check_collection_exists, get_engine, get_jobs, get_live, get_settings
 from service.errors import APIError
 from service.jobs import await_job
 from service.live import LiveIndex
@@ -112,6 +112,10 @@ async def upload_images(
             received = [(f.filename or f"file {n + 1}", await read_upload(f, settings.max_upload_bytes))]
             items += await run_in_threadpool(uploads.check_and_stage, received, [meta], settings, job_id, n)
             del received
+    except OSError:
+        uploads.discard_staged(settings, job_id)
+        check_collection_exists(request)  # deleted under the request: 404, not the OS error of its tombstone
+        raise
     except BaseException:
         uploads.discard_staged(settings, job_id)
         raise

@@ -1,0 +1,193 @@
+"""A deleted collection stays deleted (issue 27, item 4, and 13: jobs per collection in Redis mode).
+
+The audit deleted a collection while an index job, searches and uploads ran: 204, and the collection came back
+(2 of 2 runs: reopened with 5 images, grew to 187, its config reset; 190 uploads sent after the delete answered
+202). Here the delete lands while an index job is held inside its embedding (pause point
+``build.batch-reported``: it holds the writer, nothing committed) with an upload and another index job queued
+behind it and searches and uploads running; then the job goes on. It must fail (its writes meet the tombstone),
+the queued jobs must be cancelled (before, the queued index job ran after the delete into a fresh folder: the
+collection was back, with its images and a default config), every later write must answer 404, nothing may
+answer 500, and the collection must never be listed again nor come back with old images when a new one of that
+name is created."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+from deploy.conftest import images_root, prefix, redis_url  # noqa: F401 (fixtures)
+from deploy.support import REDIS_SERVER, TINY, wait_until
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from regis.faults import PAUSE_ENV, RELEASE_ENV
+from regis.indexes.collections import CollectionConfig, CollectionsRoot
+from service.app import create_app
+from service.settings import Settings
+
+TINY_CONFIG = {"backbone": "vit-tiny-reg4-test", "random_init": True}
+
+
+def _png(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def world(tmp_path, photos_dir):
+    images = tmp_path / "images"
+    shutil.copytree(photos_dir, images / "photos")
+    root = CollectionsRoot(tmp_path / "collections")
+    root.create("doomed", CollectionConfig(**TINY_CONFIG))
+    settings = Settings(collections_root=root.root, images_root=images, enable_jobs=True, build_batch_size=2,
+                        write_wait_s=20, **TINY)
+    return root, settings
+
+
+def test_a_collection_deleted_during_a_build_searches_and_uploads_stays_deleted(world, tmp_path, monkeypatch,
+                                                                               one_thread):
+    root, settings = world
+    base = "/v1/collections/doomed"
+    release = tmp_path / "release"
+    with TestClient(create_app(settings)) as c:
+        r = c.post(f"{base}/images", files=[("files", ("a.png", _png(1))), ("files", ("b.png", _png(2)))])
+        assert r.status_code == 201, r.text
+        monkeypatch.setenv(PAUSE_ENV, "build.batch-reported")
+        monkeypatch.setenv(RELEASE_ENV, str(release))
+        build = c.post(f"{base}/jobs/index", json={"folder": "photos"}).json()["id"]
+        wait_until(lambda: (tmp_path / "release.reached").exists(), 120, 0.05, "the build's pause point")
+        queued = c.post(f"{base}/images", params={"wait": "false"}, files={"files": ("c.png", _png(3))}).json()
+        (images_dir := settings.images_root / "more").mkdir()
+        (images_dir / "m.png").write_bytes(_png(9))
+        second = c.post(f"{base}/jobs/index", json={"folder": "more"}).json()["id"]  # queued behind the build
+        queue = c.app.state.collections.jobs("doomed")  # kept to read the jobs' ends after the delete
+
+        answers: list[tuple[str, int]] = []
+        stop = threading.Event()
+
+        def hammer(kind: str) -> None:
+            n = 100
+            while not stop.is_set():
+                n += 1
+                if kind == "search":
+                    r = c.post(f"{base}/search", files={"file": ("q.png", _png(1))})
+                else:
+                    r = c.post(f"{base}/images", params={"wait": "false"}, files={"files": ("x.png", _png(n))})
+                answers.append((kind, r.status_code))
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=hammer, args=(k,)) for k in ("search", "upload", "upload")]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = c.delete(base)
+        assert r.status_code == 204, r.text
+        assert time.monotonic() - t0 < 5  # the delete does not wait for the build
+        deleted_at = len(answers)
+        time.sleep(0.5)
+        release.touch()  # the build goes on: its writes meet the tombstone
+        info = wait_until(lambda: (i := queue.get(build)) and i.state in ("done", "failed") and i, 120, 0.05,
+                          "the build to end")
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+        for job_id in (queued["job_id"], second):
+            wait_until(lambda j=job_id: (i := queue.get(j)) and i.state in ("done", "failed"), 120, 0.05,
+                       "the queued jobs to end")
+        time.sleep(0.5)
+        assert not root.exists("doomed"), root.describe("doomed")  # it came back (the audit: 2 of 2 runs)
+        assert "doomed" not in [x["name"] for x in c.get("/v1/collections").json()["collections"]]
+        assert info.state == "failed" and info.error.code == "collection_not_found", info
+        for job_id in (queued["job_id"], second):
+            cancelled = queue.get(job_id)
+            assert cancelled.state == "failed" and cancelled.error.code == "collection_deleted", cancelled
+        assert all(status != 500 for _, status in answers), answers
+        after = answers[deleted_at + 20:]  # a few requests were under way when the delete came
+        assert after and all(status == 404 for _, status in after), after
+        for method, path, kw in [("GET", base, {}), ("GET", f"{base}/images", {}), ("GET", f"{base}/jobs", {}),
+                                 ("POST", f"{base}/images", {"files": {"files": ("d.png", _png(4))}}),
+                                 ("PATCH", f"{base}/images/0", {"json": {"metadata": {"a": 1}}}),
+                                 ("DELETE", f"{base}/images/0", {}), ("DELETE", base, {}),
+                                 ("POST", f"{base}/jobs/index", {"json": {"folder": "photos"}})]:
+            r = c.request(method, path, **kw)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "collection_not_found", (method, path, r.text)
+        assert "doomed" not in [x["name"] for x in c.get("/v1/collections").json()["collections"]]
+        assert not root.exists("doomed") and root.is_tombstone("doomed")
+        assert [p.name for p in root.root.iterdir()] == ["doomed"]  # the tombstone; no renamed folder left
+
+        # created again: a new, empty collection; nothing of the old one comes back
+        r = c.post("/v1/collections", json={"name": "doomed", **TINY_CONFIG})
+        assert r.status_code == 201 and r.json()["images"] == 0, r.text
+        up = c.post(f"{base}/images", files={"files": ("e.png", _png(5))})
+        assert up.status_code == 201 and c.get(f"{base}/images").json()["total"] == 1, up.text
+
+
+def test_a_job_queued_for_a_deleted_collection_never_writes_into_its_successor(tmp_path):
+    """The incarnation check: a job submitted for collection ``c`` that only runs after ``c`` was deleted and
+    created again is refused (``collection_not_found``); the new ``c`` stays empty."""
+    from indexer.jobs import JobContext, execute_job
+    from regis.errors import RegisError
+
+    root = CollectionsRoot(tmp_path / "collections")
+    root.create("c", CollectionConfig(**TINY_CONFIG))
+    old_uid = root.uid("c")
+    root.delete("c")
+    root.create("c", CollectionConfig(**TINY_CONFIG))
+    assert root.uid("c") != old_uid
+    ctx = JobContext(index_dir=root.path("c"), uploads_dir=root.path("c") / "uploads", images_root=None,
+                     encoder=lambda: None, check_alive=lambda: root.check_alive("c", old_uid))
+    from regis.jobs.model import JobSpec
+
+    with pytest.raises(RegisError, match="deleted"):
+        execute_job(JobSpec(kind="delete", ids=[0]), ctx, lambda p: None)
+    assert root.describe("c")["index_version"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server")
+def test_redis_jobs_are_listed_per_collection_and_refused_once_their_collection_is_gone(
+        tmp_path, redis_url, prefix, images_root):  # noqa: F811
+    """Redis mode: ``GET /v1/collections/X/jobs`` used to list every collection's jobs; now each collection sees
+    its own (and the default routes the default collection's). A job queued for a collection deleted before a
+    worker took it is refused by the worker, and does not write into a collection created again meanwhile."""
+    import os
+    import subprocess
+    import sys
+
+    root = CollectionsRoot(tmp_path / "collections")
+    for name in ("a", "b"):
+        root.create(name, CollectionConfig(**TINY_CONFIG))
+    settings = Settings(collections_root=root.root, images_root=images_root, enable_jobs=True, redis_url=redis_url,
+                        redis_prefix=prefix, write_wait_s=0, **TINY)
+    with TestClient(create_app(settings)) as c:
+        ids = {name: c.post(f"/v1/collections/{name}/jobs/index", json={"folder": "photos"}).json()["id"]
+               for name in ("a", "b")}
+        ids["default"] = c.post("/v1/jobs/index", json={"folder": "photos"}).json()["id"]
+        for name, path in (("a", "/v1/collections/a"), ("b", "/v1/collections/b"), ("default", "/v1")):
+            listed = [j["id"] for j in c.get(f"{path}/jobs").json()["jobs"]]
+            assert listed == [ids[name]], (name, listed)
+            assert c.get(f"{path}/jobs/{ids[name]}").status_code == 200
+            other = ids["b" if name == "a" else "a"]
+            assert c.get(f"{path}/jobs/{other}").status_code == 404  # another collection's job
+        assert c.delete("/v1/collections/a").status_code == 204
+        assert c.post("/v1/collections", json={"name": "a", **TINY_CONFIG}).status_code == 201
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "REGIS_REDIS_URL": redis_url,
+               "REGIS_REDIS_PREFIX": prefix, "REGIS_COLLECTIONS_ROOT": str(root.root),
+               "REGIS_IMAGES_ROOT": str(images_root), "REGIS_BUILD_WORKERS": "0", "REGIS_TORCH_THREADS": "1",
+               "REGIS_BACKBONE": "vit-tiny-reg4-test", "REGIS_RANDOM_INIT": "true"}
+        subprocess.run([sys.executable, "-m", "regis", "worker", "--burst", "--log-level", "warning"], env=env,
+                       timeout=300, check=True)
+        info = c.get(f"/v1/collections/a/jobs/{ids['a']}").json()  # (the name's job list keeps it, failed)
+        assert info["state"] == "failed" and info["error"]["code"] == "collection_not_found", info
+        assert c.get("/v1/collections/a").json()["images"] == 0
+        assert c.get(f"/v1/collections/b/jobs/{ids['b']}").json()["state"] == "done"
+        assert c.get("/v1/collections/b").json()["images"] == 21
