@@ -195,6 +195,8 @@ def parent(args) -> list[dict]:
             built_file.write_text(json.dumps(built))
             print("built:", json.dumps({"index": path.name, **built}), flush=True)
         built = json.loads(built_file.read_text())
+        if args.build_only:
+            continue
         cmd = [sys.executable, "-m", "bench.million", "--source", str(args.source), "--one", str(n),
                "--slice", args.slice, "--queries", str(args.queries), "--k", str(args.k), "--index", str(path),
                "--gt", str(gt_path), "--exact-queries", str(args.exact_queries)]
@@ -262,7 +264,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", type=Path, required=True, help="a bench.corpus1m folder")
+    p.add_argument("--source", type=Path, default=None, help="a bench.corpus1m folder")
     p.add_argument("--sizes", default="10000,100000,300000,1000000")
     p.add_argument("--slice", choices=["first", "generated"], default="first",
                    help="first: the first N images (real ones first); generated: N generated images only")
@@ -272,8 +274,11 @@ def main() -> None:
     p.add_argument("--spec", default=None, help="FAISS spec (default: regis's choice)")
     p.add_argument("--token-store", default=None, help="token store (default: regis's choice)")
     p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--build-only", action="store_true",
+                   help="ground truth and index builds only (so a timed run under a lock measures, not builds)")
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--rows", default=None, help="comma list of --json files: print and plot their rows only")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--index", default=None, help=argparse.SUPPRESS)
     p.add_argument("--gt", default=None, help=argparse.SUPPRESS)
@@ -281,8 +286,17 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(measure(args)))
         return
+    if args.rows:  # table and plot of rows saved by earlier runs (--json), in size order
+        rows = sorted((r for f in args.rows.split(",") for r in json.loads(Path(f).read_text())),
+                      key=lambda r: r["images"])
+        print(table(rows))
+        if args.plot:
+            plot(rows, args.plot)
+        return
     print_machine({"bench": "million", "source": str(args.source), "sizes": args.sizes, "slice": args.slice})
     rows = parent(args)
+    if args.build_only:
+        return
     print(table(rows))
     if args.plot:
         plot(rows, args.plot)
