@@ -54,6 +54,10 @@ class WorkerSettings(BaseSettings):
         job_monitoring_interval_s: heartbeat period while a job runs, seconds.
         heartbeat_grace_s: a running job whose heartbeat is this late counts as abandoned, seconds.
         maintenance_interval_s: how often the worker looks for abandoned jobs, seconds.
+        stop_grace_s: after SIGTERM / SIGINT, how long a running job may go on before it is stopped and put back
+            in the queue (not counted as one of its tries), seconds (REGIS_STOP_GRACE_S). Keep it under the grace
+            period of what stops the worker (``docker compose stop``: the worker's ``stop_grace_period``, 15 s in
+            docker-compose.yml; Docker's default is 10 s).
         collections_root: the folder holding the deployment's collections (jobs naming a collection other
             than ``default_collection`` write there; ``regis.indexes.collections``).
         default_collection: the name of ``index_dir`` as a collection.
@@ -77,6 +81,7 @@ class WorkerSettings(BaseSettings):
     job_monitoring_interval_s: int = Field(default=5, ge=1, le=600)
     heartbeat_grace_s: int = Field(default=30, ge=1, le=3600)
     maintenance_interval_s: int = Field(default=30, ge=1, le=3600)
+    stop_grace_s: float = Field(default=8.0, ge=0, le=24 * 3600)
     collections_root: Path | None = None
     default_collection: str = Field(default="default", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
@@ -224,18 +229,60 @@ def _die_with_worker() -> None:
 
 
 def _worker_class():
+    import threading
+
     from rq import Worker
+    from rq.worker.base import WorkerStatus
 
     class RegisWorker(Worker):
-        """RQ's forking worker with a configurable heartbeat grace (RQ's is a fixed 60 s)."""
+        """RQ's forking worker with a configurable heartbeat grace (RQ's is a fixed 60 s) and a stop that always
+        stops: RQ marks a stop only when it comes during a job (an idle worker's stop looked to ``run_worker``
+        like RQ giving up on Redis, and it started over: issue 27, item 7), and waits for the job however long
+        it runs. Here a stop is remembered either way (``stop_requested``), and a job still running
+        ``stop_grace_s`` after it has its work horse stopped and goes back to the queue (``handle_job_failure``
+        gives it the try back): jobs are idempotent and replay (``indexer.job_record``), so nothing is lost."""
 
         heartbeat_grace_s = 30
+        stop_grace_s = 8.0
+        stop_requested = False
+        _requeue_job_id: str | None = None
+        _grace_timer: threading.Timer | None = None
 
         def get_heartbeat_ttl(self, job, working_time: float = 0.0) -> int:
             if job.timeout and job.timeout > 0:
                 remaining = job.timeout - working_time
                 return int(min(remaining, self.job_monitoring_interval)) + self.heartbeat_grace_s
             return self.job_monitoring_interval + self.heartbeat_grace_s
+
+        def request_stop(self, signum, frame):
+            self.stop_requested = True
+            if self.get_state() == WorkerStatus.BUSY and self._grace_timer is None:
+                log.info("worker %s: stopping once its job ends (at most %.0f s; then the job goes back to the "
+                         "queue)", self.name, self.stop_grace_s)
+                self._grace_timer = threading.Timer(self.stop_grace_s, self._grace_over)
+                self._grace_timer.daemon = True
+                self._grace_timer.start()
+            super().request_stop(signum, frame)
+
+        def _grace_over(self) -> None:
+            job_id = self.get_current_job_id()
+            if not self.horse_pid or job_id is None:
+                return
+            log.warning("worker %s: job %s still runs %.0f s after the stop: stopping it and queueing it again",
+                        self.name, job_id, self.stop_grace_s)
+            self._requeue_job_id = job_id
+            self.kill_horse(signal.SIGKILL)
+
+        def handle_job_failure(self, job, queue, started_job_registry=None, exc_string="", execution=None):
+            if job.id == self._requeue_job_id:  # stopped by the grace period: not one of its tries
+                job.retries_left = (job.retries_left or 0) + 1
+                exc_string = "stopped with its worker; queued again"
+            super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                       exc_string=exc_string, execution=execution)
+
+        def cancel_grace(self) -> None:
+            if self._grace_timer is not None:
+                self._grace_timer.cancel()
 
     return RegisWorker
 
@@ -247,8 +294,10 @@ def default_worker_name() -> str:
 
 def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None = None,
                log_level: str = "INFO") -> None:
-    """Take jobs from the queue until stopped (SIGTERM: finish the current job, then stop; a second
-    signal kills it, and the job is retried elsewhere). When Redis fails under it, the worker stops the job in
+    """Take jobs from the queue until stopped: SIGTERM or SIGINT stops an idle worker at once, and a busy one
+    when its job ends or ``settings.stop_grace_s`` after the signal, whichever comes first (then the job is
+    stopped and queued again, not counted as a try); a second signal kills it at once (the job is retried once
+    its heartbeat lapses). When Redis fails under it, the worker stops the job in
     flight, waits for Redis with exponential backoff and starts again (the job is re-queued once its heartbeat
     lapses); its connection retries brief blips itself (redis-py ``Retry``).
 
@@ -287,13 +336,19 @@ def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None =
             worker_ttl=settings.maintenance_interval_s + 15,  # an idle worker wakes up for maintenance this often
         )
         worker.heartbeat_grace_s = settings.heartbeat_grace_s
+        worker.stop_grace_s = settings.stop_grace_s
         log.info("regis worker %s: queue %s on %s, index %s", worker.name, names.queue,
                  redis_location(settings.redis_url), settings.index_dir)
         try:
             worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:  # from RQ's teardown
             log.warning("worker %s: Redis failed while stopping: %s", worker.name, exc)
-        if burst or getattr(worker, "_stop_requested", False):
+        finally:
+            worker.cancel_grace()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers expect a running worker: now just stop
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if burst or worker.stop_requested:
+            log.info("worker %s: stopped", worker.name)
             return
         # RQ gave up on a Redis error: stop the job in flight (its heartbeat lapses and any worker re-queues
         # it), wait for Redis with backoff, and start again: recovery without a restart of the container.
@@ -310,8 +365,6 @@ def _wait_for_redis(conn, url: str, cap_s: float = 10.0) -> None:
 
     from regis.jobs.rq_queue import redis_location
 
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # RQ's handlers expect a running worker: a stop now just stops
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     backoff = ExponentialBackoff(cap=cap_s, base=0.2)
     for failures in itertools.count(1):
         try:
