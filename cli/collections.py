@@ -1,4 +1,4 @@
-"""``regis collections create|list|info|delete|snapshot|restore``: the collections under a root folder
+"""``regis collections create|list|info|delete|snapshot|restore|reshard``: the collections under a root folder
 (``regis.indexes.collections``; snapshots: ``regis.backups``)."""
 
 from __future__ import annotations
@@ -128,3 +128,29 @@ def restore(
     report = put_back(file, collections.path(name))
     typer.echo(f"collection {name} restored in {report.path}: version {report.version} ({report.kind}), "
                f"{report.images} images, {report.uploads} uploaded files")
+
+
+@app.command("reshard")
+def reshard(
+    name: Name,
+    shards: Annotated[int, typer.Option("--shards", help="The new number of shards S (1-4096).")],
+    root: CollectionsRootOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Re-shard a sharded collection while it is served: the new layout is written beside the old one and
+    published in one step (searches keep answering, with the same results; writes wait for it)."""
+    from cli.options import collections_root
+    from regis.indexes.collections import CollectionNotFoundError
+    from regis.sharding.reshard import reshard as move
+
+    collections = collections_root(root)
+    if not collections.exists(name):
+        raise CollectionNotFoundError(f"no collection named {name!r} in {collections.root}")
+    report = move(collections.path(name), shards)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    elif report.version is None:
+        typer.echo(f"collection {name} has {shards} shards already")
+    else:
+        typer.echo(f"collection {name}: {report.shards_before} -> {report.shards_after} shards, {report.images} "
+                   f"images, version {report.version}, {report.seconds:.1f} s")

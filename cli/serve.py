@@ -48,6 +48,11 @@ def serve(
         bool, typer.Option("--ray", help="Serve a sharded collection on Ray Serve (pip install 'regis\\[ray]'; "
                                          "other settings from REGIS_RAY_* variables, see cluster/settings.py).")
     ] = False,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", min=1, max=1024,
+                                 help="--ray: replicas of each shard (env REGIS_RAY_SHARD_REPLICAS; default 1). "
+                                      "With 2 or more, a replica that dies loses no request.")
+    ] = None,
 ) -> None:
     """Serve an index over HTTP: POST /v1/search, GET /v1/images/{id}, jobs and uploads (with --enable-jobs),
     /healthz, /readyz, /metrics, OpenAPI at /docs. Other settings come from REGIS_* environment variables."""
@@ -73,8 +78,12 @@ def serve(
     if ray:
         from cluster.cli import serve_ray
 
-        serve_ray(settings, host, port, str(weights) if weights else None)
+        serve_ray(settings, host, port, str(weights) if weights else None, replicas)
         return
+    if replicas is not None:
+        from regis.errors import ConfigError
+
+        raise ConfigError("--replicas is an option of --ray (Ray Serve replicas of each shard)")
     live = open_live_index(settings)  # a missing index or a mismatching encoder: one line, before the server starts
     uvicorn.run(create_app(settings, live=live), host=host, port=port, log_level=log_level,
                 timeout_keep_alive=settings.keep_alive_s)

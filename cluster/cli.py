@@ -24,7 +24,7 @@ def _say(line: str) -> None:
     typer.echo(line, err=True)
 
 
-def serve_ray(service, host: str, port: int, weights: str | None) -> None:
+def serve_ray(service, host: str, port: int, weights: str | None, replicas: int | None = None) -> None:
     """``regis serve --ray``: deploy the collection ``service.index_dir`` on Ray Serve and block.
 
     Raises:
@@ -38,7 +38,8 @@ def serve_ray(service, host: str, port: int, weights: str | None) -> None:
     from cluster.connect import RayConnection
     from cluster.settings import RaySettings
 
-    settings = RaySettings(http_host=host, http_port=port)
+    settings = RaySettings(http_host=host, http_port=port,
+                           **({"shard_replicas": replicas} if replicas is not None else {}))
     with RayConnection(settings, say=_say) as connection:
         from cluster.serve import serve_forever  # imports ray: after the connection set its environment
 
@@ -53,10 +54,10 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     from cluster.connect import RayConnection
     from cluster.settings import RaySettings
     from regis.index_encoder import encoder_for
-    from regis.sharding.layout import is_sharded, read_layout, shard_dir
+    from regis.sharding.layout import is_sharded, read_layout
 
     num_shards = shards or (read_layout(collection)["num_shards"] if is_sharded(collection) else 1)
-    existing = shard_dir(collection, 0) if is_sharded(collection) else None
+    existing = collection if is_sharded(collection) else None  # encoder_for: its first shard with a version
     o = encoder_options
     encoder = encoder_for(existing, o["backbone"], o["weights"], o["random_init"], o["roi_size"], o["cue_method"],
                           o["device"], o.get("roi_image_size"))

@@ -5,12 +5,13 @@ Deployments:
 - ``Encoder``: the collection's encoder; ``@serve.batch`` groups concurrent queries into one forward pass (CUDA
   in bf16 when the replica has a GPU). Replicas: ``REGIS_RAY_ENCODER_REPLICAS``. The decorators' batch size and
   wait below are replaced at start-up by ``REGIS_RAY_MAX_BATCH_SIZE`` / ``REGIS_RAY_BATCH_WAIT_TIMEOUT_S``.
-- ``Shard`` (one deployment per shard, ``shard-000`` ...): the shard's index versions
-  (``regis.sharding.engine.LiveShard``): every call names the version the ingress serves (the collection
-  record's, ``regis.sharding.layout``; the ingress's index watcher reads the record and moves every shard at
-  once), so a query never mixes two writes; ``@serve.batch`` runs concurrent queries with the same version and
-  parameters as one batched search. Replicas:
-  ``REGIS_RAY_SHARD_REPLICAS``.
+- ``Shard`` (one deployment per shard at start, ``shard-000`` ...): the shards' index versions
+  (``regis.sharding.engine.LiveShards``): every call names the shard, its folder and the version the ingress
+  serves (the collection record's, ``regis.sharding.layout``; the ingress's index watcher reads the record and
+  moves every shard at once), so a query never mixes two writes; ``@serve.batch`` runs concurrent queries with the
+  same version and parameters as one batched search. Shard ``s`` goes to deployment ``s % D``: a collection
+  re-sharded while served (``regis.sharding.reshard``) is served by the deployments there are. Replicas:
+  ``--replicas`` / ``REGIS_RAY_SHARD_REPLICAS``; a call whose replica dies is resent (``_RayCall``).
 - Requests in flight per replica: ``REGIS_RAY_{INGRESS,ENCODER,SHARD}_MAX_ONGOING_REQUESTS`` (Ray Serve's
   ``max_ongoing_requests``; docs/SCALE.md).
 - ``Ingress``: the FastAPI app of ``regis serve`` itself (``service.app.create_app``: the same routes,
@@ -31,6 +32,7 @@ Deployments:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -45,8 +47,8 @@ from cluster.local import replica_on_loopback
 from cluster.resources import FULL_SHARE
 from cluster.settings import RaySettings
 from regis.errors import ConfigError, EncoderUnavailableError, ShardsUnavailableError
-from regis.sharding.engine import LiveShard, ShardedQueryEngine, collection_encoder
-from regis.sharding.layout import collection_manifest, read_layout
+from regis.sharding.engine import LiveShards, ShardedQueryEngine, collection_encoder, shard_ref
+from regis.sharding.layout import collection_manifest, read_layout, read_state
 from service.settings import Settings
 
 log = logging.getLogger("regis.cluster")
@@ -123,29 +125,35 @@ class Encoder:
 
 @serve.deployment
 class Shard:
-    """One shard of the collection: ``ShardSearcher``'s methods on the shard's live version, in global ids.
+    """The shards of the collection this deployment serves: ``ShardSearcher``'s methods on the shard and version
+    each call names (``regis.sharding.engine.ShardRef``), in global ids. Deployment ``shard-NNN`` serves shard
+    ``s`` of the state asked for when ``s % D == NNN`` (D deployments: one per shard at start; after an online
+    re-sharding, some serve two shards), each shard folder opened once (``LiveShards``).
 
     Args:
         collection: the sharded collection folder.
-        shard: the shard number.
+        slot: the deployment's number NNN (its shard at start, opened now).
         settings: Ray settings (batch size and wait).
     """
 
-    def __init__(self, collection: str, shard: int, settings: RaySettings):
+    def __init__(self, collection: str, slot: int, settings: RaySettings):
         replica_on_loopback()
-        self.live = LiveShard(collection, shard)
+        self.live = LiveShards(collection)
+        state = read_state(collection)
+        if slot < state.num_shards:
+            self.live.at(shard_ref(state, slot))
         self.search.set_max_batch_size(settings.max_batch_size)
         self.search.set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
 
     def _search_batch(self, requests: list[tuple]) -> list[tuple]:
         groups: dict[str, list[int]] = defaultdict(list)
-        for i, (version, _, *params) in enumerate(requests):
-            groups[json.dumps([version, *params], sort_keys=True)].append(i)
+        for i, (ref, _, *params) in enumerate(requests):
+            groups[json.dumps([dataclasses.astuple(ref), *params], sort_keys=True)].append(i)
         out: list = [None] * len(requests)
         for members in groups.values():
-            version, _, *params = requests[members[0]]
+            ref, _, *params = requests[members[0]]
             queries = np.stack([requests[i][1] for i in members])
-            answer = _wrapped(self.live.at, version)
+            answer = _wrapped(self.live.at, ref)
             if answer[0] == "ok":
                 searcher = answer[1]
                 answer = _wrapped(searcher.search_batch, queries, *params)
@@ -158,40 +166,63 @@ class Shard:
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def search(self, requests: list[tuple]) -> list[tuple]:
-        """Requests (shard version name, query (m, D) float32, k, depth, mode, nprobe, candidates, where) ->
-        ``_wrapped`` ``SearchResult`` each (global ids); requests with equal versions and parameters run as one
+        """Requests (``ShardRef``, query (m, D) float32, k, depth, mode, nprobe, candidates, where) -> ``_wrapped``
+        ``SearchResult`` each (global ids); requests for the same shard version with equal parameters run as one
         batched search."""
         return await asyncio.to_thread(self._search_batch, requests)
 
-    def call(self, version: str | None, method: str, *args) -> tuple:
-        """``ShardSearcher.<method>(*args)`` on the shard's version ``version``, for ``method`` in
+    def call(self, ref, method: str, *args) -> tuple:
+        """``ShardSearcher.<method>(*args)`` on the shard and version ``ref`` names, for ``method`` in
         ``SHARD_METHODS`` (``_wrapped``)."""
         if method not in SHARD_METHODS:
             return ("error", "ConfigError", f"unknown shard method {method!r}")
-        opened = _wrapped(self.live.at, version)
+        opened = _wrapped(self.live.at, ref)
         if opened[0] != "ok":
             return opened
         return _wrapped(getattr(opened[1], method), *args)
 
 
 class _RayCall:
-    """A shard call in flight; ``result()`` waits until the call's deadline."""
+    """A shard call in flight; ``result()`` waits until the call's deadline. A call whose replica fails (it died,
+    or Ray could not reach it) is sent again, to whichever replica Ray Serve's router picks then (another one,
+    once it knows the failed one is gone), while the deadline allows: with 2 or more replicas a killed replica
+    costs the requests it held a resend, not an error. Shard calls only read, so sending one twice is harmless.
 
-    def __init__(self, response, shard: int, deadline: float):
-        self.response, self.shard, self.deadline = response, shard, deadline
+    Args:
+        send: starts the call, returns Ray Serve's response.
+        shard: the shard number (messages).
+        deadline: ``time.monotonic()`` past which the call counts as unanswered.
+    """
+
+    RESEND_PAUSES_S = (0.05, 0.2, 0.5, 1.0)
+
+    def __init__(self, send, shard: int, deadline: float):
+        self.send, self.shard, self.deadline = send, shard, deadline
+        self.response = send()
+        self.resent = 0
+
+    def _wait(self):
+        for pause in (*self.RESEND_PAUSES_S, None):
+            try:
+                return self.response.result(timeout_s=max(self.deadline - time.monotonic(), 0.001))
+            except Exception as exc:  # a dead replica, a timeout, a deployment gone, ...
+                if pause is None or _final(exc) or time.monotonic() + pause >= self.deadline:
+                    log.warning("shard %d did not answer: %s", self.shard, type(exc).__name__)
+                    raise ShardsUnavailableError(f"shard {self.shard} did not answer", [self.shard]) from None
+                log.info("shard %d call failed (%s): sending it again", self.shard, type(exc).__name__)
+                time.sleep(pause)
+                self.resent += 1
+                self.response = self.send()
+        raise AssertionError("unreachable")
 
     def result(self):
         """The answer.
 
         Raises:
             ConfigError: the shard refused the parameters.
-            ShardsUnavailableError: the replica died, the call timed out, or the shard failed otherwise.
+            ShardsUnavailableError: no replica answered before the deadline, or the shard failed otherwise.
         """
-        try:
-            out = self.response.result(timeout_s=max(self.deadline - time.monotonic(), 0.001))
-        except Exception as exc:  # a dead replica, a timeout, a deployment gone, ...
-            log.warning("shard %d did not answer: %s", self.shard, type(exc).__name__)
-            raise ShardsUnavailableError(f"shard {self.shard} did not answer", [self.shard]) from None
+        out = self._wait()
         if out[0] == "ok":
             return out[1]
         if out[1] == "ConfigError":
@@ -199,19 +230,31 @@ class _RayCall:
         raise ShardsUnavailableError(f"shard {self.shard} failed ({out[1]})", [self.shard])
 
 
+def _final(exc: Exception) -> bool:
+    """Whether a failed Ray Serve ``result(timeout_s=...)`` is not worth resending: its time was up, or it was
+    called on an event loop (a bug: Ray refuses that)."""
+    return (isinstance(exc, TimeoutError) or type(exc).__name__ in ("GetTimeoutError", "TimeoutError")
+            or (isinstance(exc, RuntimeError) and "event loop" in str(exc)))
+
+
 class RayShard:
     """Shard client (``regis.sharding.engine``) over a shard deployment's handle; calls wait at most
-    ``timeout_s`` seconds each, counted from when they are started (the fan-out waits once, not S times)."""
+    ``timeout_s`` seconds each, counted from when they are started (the fan-out waits once, not S times), and are
+    resent when their replica fails (``_RayCall``)."""
 
-    def __init__(self, handle, shard: int, timeout_s: float):
-        self.handle, self.shard, self.timeout_s = handle, shard, timeout_s
+    def __init__(self, handle, timeout_s: float):
+        self.handle, self.timeout_s = handle, timeout_s
 
-    def call(self, method: str, *args, version: str | None) -> _RayCall:
-        """Start ``method`` on the shard's version ``version`` (search through its ``@serve.batch``)."""
+    def call(self, method: str, *args, ref) -> _RayCall:
+        """Start ``method`` on the shard and version ``ref`` names (search through its ``@serve.batch``)."""
         deadline = time.monotonic() + self.timeout_s
-        response = (self.handle.search.remote((version, *args)) if method == "search"
-                    else self.handle.call.remote(version, method, *args))
-        return _RayCall(response, self.shard, deadline)
+        if method == "search":
+            def send():
+                return self.handle.search.remote((ref, *args))
+        else:
+            def send():
+                return self.handle.call.remote(ref, method, *args)
+        return _RayCall(send, ref.shard, deadline)
 
 
 class RemoteEncoder:
@@ -299,7 +342,7 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
         manifest = collection_manifest(service.index_dir)
         engine = ShardedQueryEngine(
             RemoteEncoder(encoder, manifest.encoder, settings.encoder_timeout_s),
-            [RayShard(h, s, settings.shard_timeout_s) for s, h in enumerate(shards)],
+            [RayShard(h, settings.shard_timeout_s) for h in shards],
             service.index_dir, manifest, max_pixels=service.max_pixels, on_missing=settings.on_missing_shards,
             refresh=False)  # no blocking call on the event loop: the watcher's first poll fills the versions
         live = _ray_live(service, engine)
@@ -330,17 +373,16 @@ class Ingress:
         settings: Ray settings (timeouts, missing-shard policy).
         encoder: handle of the ``Encoder`` deployment.
         writer: handle of the ``Writer`` deployment (``cluster.writes``), or None (read-only, or Redis jobs).
-        *shards: handles of the shard deployments, in shard order.
+        *shards: handles of the shard deployments, in order (shard ``s`` goes to ``shards[s % len(shards)]``).
 
     Raises:
-        ValueError: the number of shard handles is not the collection's shard count.
+        ValueError: no shard deployment.
     """
 
     def __init__(self, service: Settings, settings: RaySettings, encoder, writer, *shards):
         replica_on_loopback()
-        num_shards = read_layout(service.index_dir)["num_shards"]
-        if num_shards != len(shards):
-            raise ValueError(f"{len(shards)} shard deployments for {num_shards} shards")
+        if not shards:
+            raise ValueError("the ingress needs at least one shard deployment")
         self.service, self.settings, self.encoder, self.writer = service, settings, encoder, writer
         self.shards = list(shards)
 

@@ -36,11 +36,11 @@ def _read_report(version_dir: Path) -> dict:
 def _live_reports(index_dir: Path) -> tuple[int, list[dict]]:
     """The live version number and the build reports of the live version (an index) or of each shard's live
     version (a sharded collection)."""
-    from regis.sharding.layout import is_sharded, read_state, shard_dir
+    from regis.sharding.layout import is_sharded, read_state
 
     if is_sharded(index_dir):
         state = read_state(index_dir)
-        return state.version, [_read_report(shard_dir(index_dir, s) / VERSIONS_DIR / name)
+        return state.version, [_read_report(state.shard_path(index_dir, s) / VERSIONS_DIR / name)
                                for s, name in enumerate(state.names) if name]
     name = read_current(index_dir)
     return version_number(name), [_read_report(index_dir / VERSIONS_DIR / name)] if name else []

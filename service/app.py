@@ -32,6 +32,7 @@ from service.routes import (
     images,
     jobs,
     metrics,
+    reshard,
     search,
     snapshots,
 )
@@ -220,6 +221,7 @@ def create_app(settings: Settings, load: bool = True, start: Callable[[FastAPI],
     strict = Depends(reject_unknown_query_params)
     app.include_router(collections.router, max_body_size=limits["default"], dependencies=[strict])
     app.include_router(snapshots.router, max_body_size=limits["default"], dependencies=[strict])
+    app.include_router(reshard.router, max_body_size=limits["default"], dependencies=[strict])
     # every collection's routes, and the default collection's (the routes without /collections/{collection})
     routers = ((search, "search"), (batch, "images"), (explain, "search"), (images, "images"), (gallery, "default"),
                (jobs, "default"), (duplicates, "default"))

@@ -213,11 +213,10 @@ def test_a_writer_that_waited_for_the_locks_hands_out_ids_after_the_last_writers
 
 def _engine(collection, encoder):
     """A ``ShardedQueryEngine`` over every shard of ``collection`` in this process (its own encoder object)."""
-    from regis.sharding.engine import LiveShard, LocalShard, ShardedQueryEngine
+    from regis.sharding.engine import LocalShards, ShardedQueryEngine
     from regis.sharding.layout import collection_manifest
 
-    shards = [LocalShard(LiveShard(collection, s)) for s in range(read_layout(collection)["num_shards"])]
-    return ShardedQueryEngine(encoder, shards, collection, collection_manifest(collection))
+    return ShardedQueryEngine(encoder, [LocalShards(collection)], collection, collection_manifest(collection))
 
 
 def _rows(collection) -> list[tuple[int, str]]:

@@ -272,7 +272,7 @@ class _DeadShard:
     def __init__(self, shard: int):
         self.shard = shard
 
-    def call(self, method, *args, version):
+    def call(self, method, *args, ref):
         from regis.sharding.engine import _Done
 
         def fail():
@@ -282,11 +282,11 @@ class _DeadShard:
 
 
 def _engine_with_dead_shard(collection, on_missing):
-    from regis.sharding.engine import LiveShard, LocalShard, ShardedQueryEngine
+    from regis.sharding.engine import LocalShards, ShardedQueryEngine
     from regis.sharding.layout import collection_manifest
 
     local = ShardedQueryEngine.open(collection)
-    shards = [LocalShard(LiveShard(collection, s)) for s in range(SHARDS)]
+    shards = [LocalShards(collection) for _ in range(SHARDS)]  # one client per shard: shard s asks shards[s]
     shards[1] = _DeadShard(1)
     return ShardedQueryEngine(local.encoder, shards, collection, collection_manifest(collection),
                               on_missing=on_missing, refresh=False)

@@ -137,7 +137,7 @@ def read_published(path: Path) -> tuple[str, int, list[tuple[Path, str]], int, d
         IndexFormatError: no index or collection there, or no version yet.
         _Superseded: a version it names is gone already.
     """
-    from regis.sharding.layout import SHARDS_FILE, is_sharded, read_layout, read_state, shard_dir
+    from regis.sharding.layout import SHARDS_FILE, is_sharded, read_layout, read_state
 
     if is_sharded(path):
         layout = read_layout(path)
@@ -148,12 +148,13 @@ def read_published(path: Path) -> tuple[str, int, list[tuple[Path, str]], int, d
         for s, name in enumerate(state.names):
             if name is None:
                 continue
-            more, n = _state_files(shard_dir(path, s), name, f"{shard_dir(path, s).name}/")
+            more, n = _state_files(state.shard_path(path, s), name, f"{state.dir_name(s)}/")
             files += more
             images += n
         record = {**layout, "format": "regis-sharded/2", "version": state.version, "shards": list(state.names)}
+        record.pop("retired", None)  # folders of an older layout: not in the snapshot
         extra = {SHARDS_FILE: json.dumps(record, indent=2).encode()}
-        extra.update({f"{shard_dir(path, s).name}/{CURRENT_FILE}": f"{n}\n".encode()
+        extra.update({f"{state.dir_name(s)}/{CURRENT_FILE}": f"{n}\n".encode()
                       for s, n in enumerate(state.names) if n is not None})
         return "sharded", state.version, files, images, extra
     name = read_current(path) if path.is_dir() else None
@@ -165,10 +166,11 @@ def read_published(path: Path) -> tuple[str, int, list[tuple[Path, str]], int, d
 
 def _versions_of(path: Path, kind: str) -> list[tuple[Path, str]]:
     """(index dir, version name) of every index of the published state (one, or one per shard)."""
-    from regis.sharding.layout import read_state, shard_dir
+    from regis.sharding.layout import read_state
 
     if kind == "sharded":
-        return [(shard_dir(path, s), n) for s, n in enumerate(read_state(path).names) if n is not None]
+        state = read_state(path)
+        return [(state.shard_path(path, s), n) for s, n in enumerate(state.names) if n is not None]
     return [(path, read_current(path))]
 
 

@@ -219,11 +219,12 @@ class CollectionsRoot:
         """(version, images, a manifest) of the state published in ``path`` (a sharded collection: its record's
         version, every shard's images, its first shard's manifest); (None, 0, None) before the first version."""
         from regis.indexes.manifest import read_manifest
-        from regis.sharding.layout import is_sharded, read_state, shard_dir
+        from regis.sharding.layout import is_sharded, read_state
 
         if is_sharded(path):
             state = read_state(path)
-            manifests = [read_manifest(shard_dir(path, s) / VERSIONS_DIR / n) for s, n in enumerate(state.names) if n]
+            manifests = [read_manifest(state.shard_path(path, s) / VERSIONS_DIR / n)
+                         for s, n in enumerate(state.names) if n]
             if not manifests:
                 return None, 0, None
             return state.version, sum(m.num_images for m in manifests), manifests[0]

@@ -2,12 +2,18 @@
 
 ``ShardedQueryEngine`` decodes and encodes a query once, fans the query tokens out to every shard, merges their
 exact MaxSim top-k (``regis.sharding.search.merge_top_k``) and pages the merged list. The shards are reached
-through *shard clients* with one method, ``call(method, *args, version=name)`` -> a handle whose ``result()``
+through *shard clients* with one method, ``call(method, *args, ref=ShardRef)`` -> a handle whose ``result()``
 gives the answer of ``ShardSearcher.<method>`` (``search``, ``select``, ``records``, ``tokens``, ``info``,
-``explain``, ``stored_image``) on the shard's version ``name``:
+``explain``, ``stored_image``, ...) on the shard and version ``ref`` names (its folder, its number and the shard
+count of the state, its version):
 
-- ``LocalShard``: the shard opened in this process (embedded ``regis serve`` on a sharded collection);
+- ``LocalShards``: every shard opened in this process (embedded ``regis serve`` on a sharded collection);
 - ``cluster.serve.RayShard``: a Ray Serve shard deployment (``regis serve --ray``).
+
+Shard ``s`` of a state is asked of client ``s % len(clients)``: one client per shard when the engine starts, and a
+collection re-sharded while it is served (``regis.sharding.reshard``) is served at once with the clients there are
+(a Ray deployment then serves more than one shard, each in its own folder; `regis serve --ray` started again
+deploys one per shard).
 
 Every call is started on every shard before any answer is awaited, so remote shards work in parallel. A shard
 whose call fails with ``UnavailableError`` (dead replica, timeout) is *missing*: the query fails with
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +50,7 @@ from regis.indexes.table import ImageRecord
 from regis.models.transforms import eval_transform
 from regis.retrieve.query import QueryEngine, _page, result_json
 from regis.retrieve.searcher import MAX_K, Mode
-from regis.sharding.layout import CollectionState, read_layout, read_state, shard_of
+from regis.sharding.layout import CollectionState, read_state, shard_of
 from regis.sharding.search import ShardSearcher, merge_top_k
 
 
@@ -80,26 +87,43 @@ def collection_encoder(collection: Path | str, weights: str | None = None, devic
                                  stored=str(stored) if stored else None)
 
 
+@dataclass(frozen=True)
+class ShardRef:
+    """Which shard a call is for: its folder name (``CollectionState.dir_name``), its number, the shard count of
+    the state, and its version name (None: an empty shard)."""
+
+    dir_name: str
+    shard: int
+    num_shards: int
+    version: str | None
+
+
+def shard_ref(state: CollectionState, shard: int) -> ShardRef:
+    """The ``ShardRef`` of shard ``shard`` in ``state``."""
+    return ShardRef(state.dir_name(shard), shard, state.num_shards, state.names[shard])
+
+
 class LiveShard:
-    """One shard of a collection opened in this process, at the versions its callers ask for: ``at(name)``
-    opens version ``name`` unless it is open already. The newest version stays open; the one it replaced is
-    kept ``GRACE_S`` seconds for queries pinned to the state before (a query in flight keeps the searcher it
-    started with either way; a dropped one is freed when the last query using it returns).
+    """One shard folder of a collection opened in this process, at the versions its callers ask for:
+    ``at(name)`` opens version ``name`` unless it is open already. The newest version stays open; the one it
+    replaced is kept ``GRACE_S`` seconds for queries pinned to the state before (a query in flight keeps the
+    searcher it started with either way; a dropped one is freed when the last query using it returns).
 
     Args:
         collection: the collection folder.
-        shard: the shard number.
+        ref: the shard (its folder, number and shard count; its version is opened now).
         device: torch device for the rerank.
     """
 
     GRACE_S = 30.0
 
-    def __init__(self, collection: Path | str, shard: int, device: str = "cpu"):
-        self.collection, self.shard, self.device = str(collection), shard, device
+    def __init__(self, collection: Path | str, ref: ShardRef, device: str = "cpu"):
+        self.collection, self.device = str(collection), device
+        self.dir_name, self.shard, self.num_shards = ref.dir_name, ref.shard, ref.num_shards
         self._lock = threading.Lock()
         self._open: list[ShardSearcher] = []  # newest version first
         self._replaced_at = 0.0
-        self.at(read_state(collection).names[shard])
+        self.at(ref.version)
 
     @property
     def searcher(self) -> ShardSearcher:
@@ -124,7 +148,8 @@ class LiveShard:
             for searcher in self._open:
                 if searcher.name == name:
                     return searcher
-            searcher = ShardSearcher.open(self.collection, self.shard, self.device, name)
+            searcher = ShardSearcher.at(Path(self.collection) / self.dir_name, self.shard, self.num_shards, name,
+                                        self.device)
             if self._open and version_number(name) < version_number(self._open[0].name):
                 self._open = [self._open[0], searcher]  # an older state asked again: keep the newest first
             else:
@@ -132,26 +157,73 @@ class LiveShard:
                 self._replaced_at = time.monotonic()
             return searcher
 
-    def current(self) -> ShardSearcher:
-        """The searcher over the version the collection's record lists now."""
-        return self.at(read_state(self.collection).names[self.shard])
-
     def close(self) -> None:
         """Close the shard's open snapshots."""
         for searcher in self._open:
             searcher.close()
 
 
-class LocalShard:
-    """Shard client over a ``LiveShard`` of this process (calls run at once, in the caller's thread)."""
+class LiveShards:
+    """The shard folders of a collection opened in this process, one ``LiveShard`` each, opened on first use
+    (after a re-sharding, the new layout's folders; the old ones are closed ``RETIRE_S`` seconds after the last
+    call that asked for them).
 
-    def __init__(self, live: LiveShard):
-        self.live = live
+    Args:
+        collection: the collection folder.
+        device: torch device for the rerank.
+    """
 
-    def call(self, method: str, *args, version: str | None) -> _Done:
-        """``ShardSearcher.<method>(*args)`` on the shard's version ``version``."""
+    RETIRE_S = 120.0
+
+    def __init__(self, collection: Path | str, device: str = "cpu"):
+        self.collection, self.device = str(collection), device
+        self._lock = threading.Lock()
+        self._live: dict[str, LiveShard] = {}
+        self._used: dict[str, float] = {}
+
+    def at(self, ref: ShardRef) -> ShardSearcher:
+        """The searcher over ``ref``'s version of ``ref``'s shard folder, opened if needed.
+
+        Raises:
+            IndexFormatError: the version is missing or unreadable.
+        """
+        live = self._live.get(ref.dir_name)
+        if live is None:
+            with self._lock:
+                live = self._live.get(ref.dir_name)
+                if live is None:
+                    live = self._live[ref.dir_name] = LiveShard(self.collection, ref, self.device)
+                    self._retire()
+        self._used[ref.dir_name] = time.monotonic()
+        return live.at(ref.version)
+
+    def _retire(self) -> None:
+        """Close the folders no call asked for in ``RETIRE_S`` (a re-sharded collection's old shards)."""
+        now = time.monotonic()
+        for name in [n for n, t in self._used.items() if now - t > self.RETIRE_S]:
+            self._used.pop(name, None)
+            live = self._live.pop(name, None)
+            if live is not None:
+                live.close()
+
+    def close(self) -> None:
+        """Close every shard's open snapshots."""
+        for live in list(self._live.values()):
+            live.close()
+        self._live.clear()
+
+
+class LocalShards:
+    """Shard client over every shard of the collection, opened in this process (``LiveShards``; calls run at
+    once, in the caller's thread)."""
+
+    def __init__(self, collection: Path | str, device: str = "cpu"):
+        self.live = LiveShards(collection, device)
+
+    def call(self, method: str, *args, ref: ShardRef) -> _Done:
+        """``ShardSearcher.<method>(*args)`` on the shard and version ``ref`` names."""
         try:
-            searcher = self.live.at(version)
+            searcher = self.live.at(ref)
         except Exception as exc:  # handed to whoever asks for the result
             return _Done(_raise, exc)
         return _Done(getattr(searcher, method), *args)
@@ -181,7 +253,7 @@ class ShardedTable:
         if not len(ids):
             return {}
         state = state or self.engine.state
-        owners = shard_of(ids, self.engine.num_shards)
+        owners = shard_of(ids, state.num_shards)
         calls = {int(s): self.engine._call(state, int(s), "records", ids[owners == s]) for s in np.unique(owners)}
         out: dict[int, ImageRecord] = {}
         for s, call in calls.items():
@@ -201,7 +273,7 @@ class ShardedTable:
             ShardsUnavailableError: a shard did not answer.
         """
         state = self.engine.state
-        calls = [self.engine._call(state, s, "missing_fields", list(fields)) for s in range(self.engine.num_shards)]
+        calls = [self.engine._call(state, s, "missing_fields", list(fields)) for s in range(state.num_shards)]
         missing = set(fields)
         for i, call in enumerate(calls):
             missing &= set(self.engine._answer(i, call, required=True))
@@ -210,7 +282,7 @@ class ShardedTable:
     def field_names(self) -> set[str]:
         """Every metadata field some image of some shard has (``ImageTable.field_names``)."""
         state = self.engine.state
-        calls = [self.engine._call(state, s, "field_names") for s in range(self.engine.num_shards)]
+        calls = [self.engine._call(state, s, "field_names") for s in range(state.num_shards)]
         return set().union(*(set(self.engine._answer(i, c, required=True)) for i, c in enumerate(calls)))
 
     def select_where(self, where: str | None, params=(), limit: int = 100, offset: int = 0
@@ -223,7 +295,7 @@ class ShardedTable:
         """
         state = self.engine.state
         calls = [self.engine._call(state, s, "select", where, list(params), limit, offset)
-                 for s in range(self.engine.num_shards)]
+                 for s in range(state.num_shards)]
         answers = [self.engine._answer(i, c, required=True) for i, c in enumerate(calls)]
         rows = sorted((r for part, _ in answers for r in part), key=lambda r: r.id)
         return rows[offset : offset + limit], sum(total for _, total in answers)
@@ -258,7 +330,8 @@ class ShardedQueryEngine(QueryEngine):
     Args:
         encoder: the collection's encoder (``regis.models.encoder.RegisEncoder``, or any object with ``config``
             and ``encode(pixels (B, 3, H, W) float32) -> (B, T, D)`` such as Ray Serve's remote encoder).
-        shards: one shard client per shard, in shard order (see the module docstring).
+        shards: the shard clients (at least one; shard ``s`` is asked of ``shards[s % len(shards)]``: module
+            docstring).
         collection: the collection folder.
         manifest: the collection's manifest (``regis.sharding.layout.collection_manifest``).
         device: torch device of the encoder.
@@ -270,7 +343,7 @@ class ShardedQueryEngine(QueryEngine):
         query_runtime, query_threads: how a CNN encoder in this process encodes queries (``QueryEngine``'s).
 
     Raises:
-        ConfigError: a shard count that does not match the collection's, a bad ``on_missing`` or query runtime.
+        ConfigError: no shard client, a bad ``on_missing`` or query runtime.
         ShardsUnavailableError: with ``refresh``, a shard does not answer.
     """
 
@@ -281,9 +354,8 @@ class ShardedQueryEngine(QueryEngine):
             raise ConfigError(f"on_missing must be 'error' or 'partial', got {on_missing!r}")
         self._set_query_runtime(query_runtime, query_threads)
         self.collection = Path(collection)
-        self.num_shards = read_layout(collection)["num_shards"]
-        if len(shards) != self.num_shards:
-            raise ConfigError(f"{len(shards)} shard clients for the {self.num_shards} shards of {collection}")
+        if not shards:
+            raise ConfigError("a sharded query engine needs at least one shard client")
         self.encoder, self.shards, self.manifest = encoder, list(shards), manifest
         self.device, self.max_pixels, self.on_missing = device, max_pixels, on_missing
         self.transform = eval_transform(encoder.config)
@@ -310,15 +382,12 @@ class ShardedQueryEngine(QueryEngine):
 
         manifest = collection_manifest(collection)
         encoder = collection_encoder(collection, weights, device)
-        shards: list[LocalShard] = []
+        shards = LocalShards(collection, device)
         try:
-            for s in range(read_layout(collection)["num_shards"]):
-                shards.append(LocalShard(LiveShard(collection, s, device)))
-            return cls(encoder, shards, collection, manifest, device, max_pixels, query_runtime=query_runtime,
+            return cls(encoder, [shards], collection, manifest, device, max_pixels, query_runtime=query_runtime,
                        query_threads=query_threads)
         except BaseException:
-            for shard in shards:
-                shard.close()
+            shards.close()
             raise
 
     # ----------------------------------------------------------------- shards
@@ -334,6 +403,11 @@ class ShardedQueryEngine(QueryEngine):
                                          [shard]) from None
 
     @property
+    def num_shards(self) -> int:
+        """S of the state served now (it changes when the collection is re-sharded)."""
+        return self._pinned[0].num_shards
+
+    @property
     def state(self) -> CollectionState:
         """The collection state served now (the collection version and every shard's version)."""
         return self._pinned[0]
@@ -346,8 +420,9 @@ class ShardedQueryEngine(QueryEngine):
         return self._pinned[1]
 
     def _call(self, state: CollectionState, shard: int, method: str, *args):
-        """Start ``method(*args)`` on shard ``shard`` at its version in ``state``."""
-        return self.shards[shard].call(method, *args, version=state.names[shard])
+        """Start ``method(*args)`` on shard ``shard`` of ``state`` at its version there (its client: module
+        docstring)."""
+        return self.shards[shard % len(self.shards)].call(method, *args, ref=shard_ref(state, shard))
 
     def refresh(self, required: bool = False) -> bool:
         """Read the collection's record; open its state on every shard (each shard's ``info`` at the listed
@@ -361,14 +436,16 @@ class ShardedQueryEngine(QueryEngine):
         """
         state = read_state(self.collection)
         old_state, old_infos = self._pinned
-        calls = [self._call(state, s, "info") for s in range(self.num_shards)]
+        calls = [self._call(state, s, "info") for s in range(state.num_shards)]
+        same_layout = old_state.num_shards == state.num_shards and old_state.dirs == state.dirs
         infos = []
         for s, call in enumerate(calls):
             try:
                 infos.append({**self._answer(s, call, required), "state": "ok"})
             except UnavailableError:
                 name = state.names[s]
-                infos.append({**old_infos[s], "version": version_number(name) or None, "name": name,
+                last = old_infos[s] if same_layout else {"shard": s, "images": 0}
+                infos.append({**last, "version": version_number(name) or None, "name": name,
                               "state": "unavailable"})
         self._pinned = (state, infos)  # one assignment: a query reads the old state or the new one
         return state != old_state
@@ -405,15 +482,15 @@ class ShardedQueryEngine(QueryEngine):
         query = np.ascontiguousarray(tokens, dtype=np.float32)
         state = self.state  # the whole query reads this one state
         calls = [self._call(state, s, "search", query, want, depth, mode, nprobe, candidates, where)
-                 for s in range(self.num_shards)]
+                 for s in range(state.num_shards)]
         parts, missing = [], []
         for s, call in enumerate(calls):
             try:
                 parts.append(self._answer(s, call))
             except UnavailableError:
                 missing.append(s)
-        if missing and (self.on_missing == "error" or len(missing) == self.num_shards):
-            raise ShardsUnavailableError(f"shards {missing} of {self.num_shards} did not answer; the ranking would "
+        if missing and (self.on_missing == "error" or len(missing) == state.num_shards):
+            raise ShardsUnavailableError(f"shards {missing} of {state.num_shards} did not answer; the ranking would "
                                          "be incomplete: retry later", missing)
         merged = merge_top_k(parts, want)
         records = {g: r for p in parts for g, r in (getattr(p, "records", None) or {}).items()}  # sent along
@@ -452,8 +529,9 @@ class ShardedQueryEngine(QueryEngine):
         """
         if not 0 <= int(image_id) < 2**62:
             raise KeyError(image_id)
-        s = int(shard_of(int(image_id), self.num_shards))
-        answer = self._answer(s, self._call(self.state, s, method, int(image_id)), required=True)
+        state = self.state
+        s = int(shard_of(int(image_id), state.num_shards))
+        answer = self._answer(s, self._call(state, s, method, int(image_id)), required=True)
         if answer is None:
             raise KeyError(image_id)
         return answer
@@ -472,9 +550,9 @@ class ShardedQueryEngine(QueryEngine):
         """
         query = np.ascontiguousarray(query, dtype=np.float32)
         groups: dict[int, list[dict]] = {}
-        for hit in hits:
-            groups.setdefault(int(shard_of(int(hit["id"]), self.num_shards)), []).append(hit)
         state = self.state
+        for hit in hits:
+            groups.setdefault(int(shard_of(int(hit["id"]), state.num_shards)), []).append(hit)
         calls = {s: self._call(state, s, "explain", query, [{"id": int(h["id"]), "width": h.get("width"),
                                                              "height": h.get("height")} for h in group])
                  for s, group in groups.items()}

@@ -25,11 +25,18 @@ their first write creates the record (with a version above that sum).
 Image ids are global: image ``g`` lives in shard ``g % S`` under the shard-local id ``g // S`` (so a shard's
 ids stay dense, as the token store and FAISS ids ``local_id * T + position`` expect). ``next_id`` is the first
 global id never handed out (a lower bound: ``ShardedWriter`` also looks at the shards' own counters).
+
+A re-sharded collection (``regis.sharding.reshard``) keeps its new shards in new folders, which its record names
+(``"dirs": ["shard-000-g1", ...]``, generation ``"generation": 1``): the new layout is published with the same
+one rename as a write, and readers of the state before keep the folders they read. Those old folders are listed
+under ``"retired"`` ({"dirs", "at": seconds since the epoch}) and removed by a writer once ``RETIRE_GRACE_S`` has
+passed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +49,20 @@ SHARDS_FILE = "shards.json"
 FORMAT = "regis-sharded/2"
 OLD_FORMAT = "regis-sharded/1"  # no record: each shard's CURRENT is its live version
 MAX_SHARDS = 4096
+RETIRE_GRACE_S = 600.0  # a re-sharded collection's old folders stay this long for the readers of the state before
+_DIR_NAME = re.compile(r"^shard-\d{3,4}(-g\d{1,6})?$")  # shard-NNN, or shard-NNN-gG after re-sharding
 
 
-def shard_dir(collection: Path | str, shard: int) -> Path:
-    """The index directory of shard ``shard``."""
-    return Path(collection) / f"shard-{shard:03d}"
+def default_dir_name(shard: int) -> str:
+    """The folder name of shard ``shard`` of a collection never re-sharded: ``shard-NNN``."""
+    return f"shard-{shard:03d}"
+
+
+def shard_dir(collection: Path | str, shard: int, state: CollectionState | None = None) -> Path:
+    """The index directory of shard ``shard`` in the published state ``state`` (default: the one published now;
+    a re-sharded collection keeps its shards in folders its record names, ``CollectionState.dirs``)."""
+    state = state if state is not None else read_state(collection)
+    return state.shard_path(collection, shard)
 
 
 def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
@@ -89,6 +105,10 @@ def read_layout(collection: Path | str) -> dict:
                                        or not isinstance(layout.get("shards"), list)
                                        or len(layout["shards"]) != layout["num_shards"]):
         raise IndexFormatError(f"{path} has no valid collection record (version, shards)")
+    dirs = layout.get("dirs")
+    if dirs is not None and (not isinstance(dirs, list) or len(dirs) != layout["num_shards"]
+                             or not all(isinstance(d, str) and _DIR_NAME.match(d) for d in dirs)):
+        raise IndexFormatError(f"{path} has invalid shard folders (dirs)")
     return layout
 
 
@@ -96,11 +116,26 @@ def read_layout(collection: Path | str) -> dict:
 class CollectionState:
     """A published state of a collection: ``version`` (the collection's) and ``names``, the version name of
     each shard (None: an empty shard); ``recorded``: read from the record (False: an old collection, read from
-    the shards' CURRENT files)."""
+    the shards' CURRENT files); ``dirs``: each shard's folder name, () for the default ``shard-NNN`` (a
+    re-sharded collection's shards live in new folders, ``regis.sharding.reshard``)."""
 
     version: int
     names: tuple[str | None, ...]
     recorded: bool = True
+    dirs: tuple[str, ...] = ()
+
+    @property
+    def num_shards(self) -> int:
+        """S, the shards of this state."""
+        return len(self.names)
+
+    def dir_name(self, shard: int) -> str:
+        """The folder name of shard ``shard``."""
+        return self.dirs[shard] if self.dirs else default_dir_name(shard)
+
+    def shard_path(self, collection: Path | str, shard: int) -> Path:
+        """The index directory of shard ``shard``."""
+        return Path(collection) / self.dir_name(shard)
 
 
 def read_state(collection: Path | str, layout: dict | None = None) -> CollectionState:
@@ -112,22 +147,26 @@ def read_state(collection: Path | str, layout: dict | None = None) -> Collection
     """
     layout = layout or read_layout(collection)
     if layout["format"] == FORMAT:
-        return CollectionState(layout["version"], tuple(layout["shards"]))
+        return CollectionState(layout["version"], tuple(layout["shards"]), dirs=tuple(layout.get("dirs") or ()))
     names = []
     for s in range(layout["num_shards"]):
-        path = shard_dir(collection, s)
+        path = Path(collection) / default_dir_name(s)
         names.append(read_current(path) if path.is_dir() else None)
     return CollectionState(sum(version_number(n) for n in names), tuple(names), recorded=False)
 
 
-def write_layout(collection: Path | str, num_shards: int, next_id: int, state: CollectionState) -> None:
+def write_layout(collection: Path | str, num_shards: int, next_id: int, state: CollectionState,
+                 extra: dict | None = None) -> None:
     """Write the collection file with its record ``state`` atomically (new file, fsync, one rename): the step
-    that publishes a write."""
+    that publishes a write. ``extra``: more keys of the record (``generation``, ``retired``: re-sharding's)."""
     if len(state.names) != num_shards:
         raise ValueError(f"{len(state.names)} shard versions for {num_shards} shards")
-    write_json_atomic(Path(collection) / SHARDS_FILE, {"format": FORMAT, "num_shards": num_shards,
-                                                       "next_id": int(next_id), "version": int(state.version),
-                                                       "shards": list(state.names)})
+    record = {"format": FORMAT, "num_shards": num_shards, "next_id": int(next_id), "version": int(state.version),
+              "shards": list(state.names)}
+    if state.dirs:
+        record["dirs"] = list(state.dirs)
+    record.update({k: v for k, v in (extra or {}).items() if v})
+    write_json_atomic(Path(collection) / SHARDS_FILE, record)
 
 
 def create_collection(collection: Path | str, num_shards: int) -> dict:
@@ -144,7 +183,7 @@ def create_collection(collection: Path | str, num_shards: int) -> dict:
         layout = read_layout(collection)
         if layout["num_shards"] != num_shards:
             raise ConfigError(f"{collection} has {layout['num_shards']} shards, not {num_shards}; "
-                              "re-sharding is not supported: build into a new folder")
+                              "change it with `regis collections reshard`")
         return layout
     if (collection / "CURRENT").exists():
         raise ConfigError(f"{collection} holds an unsharded index; build the sharded collection in a new folder")
@@ -166,7 +205,7 @@ def _first_version(collection: Path | str) -> tuple[Path, str]:
     state = read_state(collection)
     for s, name in enumerate(state.names):
         if name is not None:
-            return shard_dir(collection, s), name
+            return state.shard_path(collection, s), name
     raise IndexFormatError(f"no shard of {collection} has an index version yet; build it with "
                            "`regis index build --ray --shards S`")
 
@@ -181,3 +220,22 @@ def collection_manifest(collection: Path | str):
 
     path, name = _first_version(collection)
     return read_manifest(path / VERSIONS_DIR / name)
+
+
+def collect_retired(collection: Path | str, layout: dict, now: float | None = None) -> dict:
+    """Remove the shard folders a re-sharding retired more than ``RETIRE_GRACE_S`` ago (the writer calls this
+    under the collection's lock); returns the record's re-sharding keys to write back: {"generation", "retired"}
+    (the retirements not yet collected)."""
+    import shutil
+    import time
+
+    now = time.time() if now is None else now
+    keep = []
+    for entry in layout.get("retired") or []:
+        if now - float(entry.get("at", 0)) < RETIRE_GRACE_S:
+            keep.append(entry)
+            continue
+        for name in entry.get("dirs", []):
+            if _DIR_NAME.match(str(name)) and name not in (layout.get("dirs") or []):
+                shutil.rmtree(Path(collection) / name, ignore_errors=True)
+    return {"generation": layout.get("generation", 0), "retired": keep}

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from regis.errors import ConfigError, IndexFormatError
+from regis.errors import ConfigError
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
 from regis.retrieve.searcher import Mode, Searcher, SearchResult, top_k
-from regis.sharding.layout import read_layout, read_state, shard_dir, shard_of, to_global, to_local
+from regis.sharding.layout import CollectionState, read_state, shard_of, to_global, to_local
 
 LIVE = "<live>"  # ShardSearcher.open's default: the version the collection record lists
 
@@ -63,24 +63,32 @@ class ShardSearcher:
 
     @classmethod
     def open(cls, collection: Path | str, shard: int, device: str = "cpu", name: str | None = LIVE,
-             **searcher_kwargs) -> ShardSearcher:
-        """Open shard ``shard`` at version ``name`` (default ``LIVE``: the one the collection's record lists,
-        ``regis.sharding.layout.read_state``; None: the shard is empty in the state the caller read).
+             state: CollectionState | None = None, **searcher_kwargs) -> ShardSearcher:
+        """Open shard ``shard`` of the published state ``state`` (default: the one published now,
+        ``regis.sharding.layout.read_state``) at version ``name`` (default ``LIVE``: the state's; None: the shard
+        is empty in the state the caller read).
 
         Raises:
             IndexFormatError: the shard has no index although global ids were routed to it, or the version is
                 missing or unreadable.
         """
-        layout = read_layout(collection)
+        state = state if state is not None else read_state(collection)
         if name == LIVE:
-            name = read_state(collection, layout).names[shard]
-        path = shard_dir(collection, shard)
+            name = state.names[shard]
+        return cls.at(state.shard_path(collection, shard), shard, state.num_shards, name, device, **searcher_kwargs)
+
+    @classmethod
+    def at(cls, path: Path | str, shard: int, num_shards: int, name: str | None, device: str = "cpu",
+           **searcher_kwargs) -> ShardSearcher:
+        """Open version ``name`` of the shard index in ``path``, shard ``shard`` of ``num_shards`` (None: an empty
+        shard).
+
+        Raises:
+            IndexFormatError: the version is missing or unreadable.
+        """
         if name is None:
-            if layout["next_id"] > shard:
-                raise IndexFormatError(f"{path} has no index version, but images were routed to it")
-            return cls(shard, layout["num_shards"], None)
-        return cls(shard, layout["num_shards"],
-                   Searcher(IndexSnapshot.open(path, name), device=device, **searcher_kwargs))
+            return cls(shard, num_shards, None)
+        return cls(shard, num_shards, Searcher(IndexSnapshot.open(path, name), device=device, **searcher_kwargs))
 
     @property
     def version(self) -> int | None:
@@ -226,11 +234,11 @@ class ShardedSearcher:
 
     def __init__(self, collection: Path | str, device: str = "cpu", **searcher_kwargs):
         state = read_state(collection)  # one published state for every shard
-        self.num_shards = len(state.names)
+        self.num_shards = state.num_shards
         self.shards: list[ShardSearcher] = []
         try:
             for s in range(self.num_shards):
-                self.shards.append(ShardSearcher.open(collection, s, device, state.names[s], **searcher_kwargs))
+                self.shards.append(ShardSearcher.open(collection, s, device, state.names[s], state, **searcher_kwargs))
         except BaseException:
             self.close()
             raise

@@ -31,10 +31,10 @@ from regis.indexes.writer import IndexWriter, _acquire_lock
 from regis.models.encoder import EncoderConfig, WeightsInfo
 from regis.sharding.layout import (
     CollectionState,
+    collect_retired,
     create_collection,
     read_layout,
     read_state,
-    shard_dir,
     shard_of,
     to_global,
     to_local,
@@ -75,8 +75,9 @@ class ShardedWriter:
         try:
             layout = read_layout(self.collection)  # under the collection's lock: the last writer's record
             self.state = read_state(self.collection, layout)
+            self._extra = collect_retired(self.collection, layout)  # re-sharding's old folders, once unread
             for s in range(num_shards):
-                self.writers.append(IndexWriter(shard_dir(self.collection, s), encoder, weights,
+                self.writers.append(IndexWriter(self.state.shard_path(self.collection, s), encoder, weights,
                                                 base=self.state.names[s], **writer_kwargs))
             if self.state.recorded:
                 self._point_currents(self.state.names)  # a writer killed after the record, before the hints
@@ -194,8 +195,10 @@ class ShardedWriter:
                     crash_point("sharded.shard-renamed")
             names = tuple(version_name(m.version) if m is not None else name
                           for m, name in zip(manifests, self.state.names, strict=True))
-            state = CollectionState(self.state.version + 1 if renamed else self.state.version, names)
-            write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id, state)
+            state = CollectionState(self.state.version + 1 if renamed else self.state.version, names,
+                                    dirs=self.state.dirs)
+            write_layout(self.collection, self.num_shards, self.next_id if next_id is None else next_id, state,
+                         self._extra)
         except BaseException:
             self._withdraw(renamed)
             raise
@@ -212,7 +215,7 @@ class ShardedWriter:
     def _point_currents(self, names) -> None:
         """Make each shard's CURRENT name its version in the record (a hint for tools that open one shard)."""
         for s, name in enumerate(names):
-            path = shard_dir(self.collection, s)
+            path = self.state.shard_path(self.collection, s)
             if name is not None and read_current(path) != name:
                 write_current(path, name)
 
