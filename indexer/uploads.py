@@ -191,6 +191,7 @@ def delete_images(
             w.delete(report.deleted)
             committed = w.commit({**report.to_json(), **job_record(job_id)} if job_id else None)
             report.version = committed.version if committed else None
+        crash_point("delete.committed")
         for rec in records.values():  # still under the uploads lock: no upload of the same bytes in between
             if uploads_dir is not None and is_upload_path(rec.path):
                 try:

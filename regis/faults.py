@@ -12,6 +12,8 @@ Points (where the window is):
     ``upload.staged``            API: an upload's files are staged, its job not yet queued.
     ``job.placed``               job: uploaded files moved to their content-addressed place, index not yet
                                  written.
+    ``delete.committed``         delete job: the version without the images is live, their uploaded files and
+                                 thumbnails not yet removed (the next start removes them).
     ``build.staging-unnamed``    folder build: an embedded batch's staging file is written under its temporary name,
                                  not yet renamed into ``INDEX/resume`` (``indexer.resume``).
     ``build.batch-staged``       folder build: a batch is staged, the build not committed (the next run resumes).

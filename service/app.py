@@ -121,25 +121,36 @@ def _start(app: FastAPI, settings: Settings, live=None) -> None:
 
 
 def clean_staging(registry, queue) -> None:
-    """Remove staged uploads no job will place (an API killed between staging and queueing the job), in the
-    uploads folder of every collection (``registry``: ``CollectionRegistry``; ``queue``: the default collection's
-    job queue: the shared Redis queue knows every collection's jobs, and a fresh embedded queue knows none)."""
-    from regis.indexes.staging import clean_orphaned_staging
+    """What a killed process left in the uploads folder of every collection (``regis.indexes.staging``): staged
+    batches no job will place (an API killed between staging and queueing the job; ``registry``:
+    ``CollectionRegistry``; ``queue``: the default collection's job queue: the shared Redis queue knows every
+    collection's jobs; a fresh embedded queue knows none and no other process queues into it, so its batches
+    are all orphans, whatever their age), uploaded files no index version lists and stale thumbnails (a job
+    killed between placing its files and publishing, or between a delete and removing its files), and the
+    folders of collection deletes cut short."""
+    from regis.indexes.staging import clean_orphaned_staging, clean_orphaned_uploads
     from regis.jobs.model import QueueUnavailableError
 
     def state(batch: str) -> str | None:
         info = queue.get(batch)
         return info.state if info is not None else None
 
+    if registry.root is not None:
+        registry.root.clean_graves()
+    staging = True
     for name in registry.names():
         try:
             settings = registry.settings_for(name)
-            clean_orphaned_staging(settings.resolved_uploads_dir(), state, settings.staging_grace_s)
+            uploads_dir = settings.resolved_uploads_dir()
+            if staging:
+                grace = 0.0 if queue.backend == "embedded" else settings.staging_grace_s
+                clean_orphaned_staging(uploads_dir, state, grace)
+            clean_orphaned_uploads(uploads_dir, settings.index_dir)
         except QueueUnavailableError:
             log.warning("the job queue cannot be reached: staged uploads are checked at the next start")
-            return
+            staging = False
         except Exception:  # one unreadable collection must not keep the service from starting
-            log.exception("cleaning the staged uploads of collection %s failed", name)
+            log.exception("cleaning the uploads of collection %s failed", name)
 
 
 def _stop(app: FastAPI) -> None:

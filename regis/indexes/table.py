@@ -118,6 +118,10 @@ class ImageTable:
             for row in self._query(f"SELECT {_COLUMNS} FROM images WHERE {column} IN ({marks})", part):
                 yield ImageRecord.from_row(row)
 
+    def paths_and_hashes(self) -> list[tuple[str, str]]:
+        """(path, sha256) of every row (what start-up clean-ups compare files against; no metadata parsed)."""
+        return [(str(p), str(s)) for p, s in self._query("SELECT path, sha256 FROM images")]
+
     def iter_all(self, limit: int | None = None, offset: int = 0) -> Iterator[ImageRecord]:
         """Records in id order."""
         sql = f"SELECT {_COLUMNS} FROM images ORDER BY id"

@@ -111,7 +111,10 @@ def stage_upload(uploads_dir: Path | str, batch: str, n: int, data: bytes, fmt: 
 
 
 def place_upload(uploads_dir: Path | str, staged: str, table_path: str) -> Path:
-    """Move a staged file to its content-addressed place (atomic; a no-op if the content is already there).
+    """Put a staged file in its content-addressed place (atomic; a no-op if the content is already there). The
+    staged file stays until its job ends (the job removes its batch): a placed file the index does not list yet
+    is an orphan the start-up clean-up may remove (``clean_orphaned_uploads``), and a retry of the job places it
+    again from the staging area.
 
     Returns:
         The stored file.
@@ -122,10 +125,18 @@ def place_upload(uploads_dir: Path | str, staged: str, table_path: str) -> Path:
     final = upload_file(uploads_dir, table_path)
     source = staged_file(uploads_dir, staged)
     if final.is_file():
-        source.unlink(missing_ok=True)
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(source, final)  # same file system: the staging area is inside the uploads folder
+    final.parent.mkdir(exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}")
+    try:  # same file system: the staging area is inside the uploads folder
+        os.link(source, tmp)
+    except FileNotFoundError:
+        raise
+    except OSError:  # no hard links here: copy
+        import shutil
+
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, final)
     return final
 
 
