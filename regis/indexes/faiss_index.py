@@ -24,32 +24,30 @@ def _faiss():
     return faiss
 
 
-WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors with 4-bit fast-scan PQ (issue 13)
-FAST_SCAN_MIN_DIM = 128  # ... and since issue 24 every even width from this one (a trained head's 128 or 256)
+WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors with 4-bit fast-scan PQ
 SQ8_CODEC = "SQ8"
 
 
 def default_codec(dim: int | None) -> str:
     """The IVF vector codec regis picks for new indexes of ``dim``-d tokens.
 
-    ``PQ{dim/2}x4fs`` for every even width from ``FAST_SCAN_MIN_DIM`` (128) up: product quantisation of 2
-    dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan kernels (dim / 4 bytes per vector), searched at
-    depth 192 (``default_depth``). ``SQ8`` (1 byte per dimension) below 128 dimensions, for odd widths below
-    ``WIDE_DIM``, and when the width is unknown. Only the candidates come from these codes: the rerank scores the
-    stored tokens.
+    ``SQ8`` (1 byte per dimension) below ``WIDE_DIM``. From ``WIDE_DIM`` up (EfficientNet-Lite0's 1280-d tokens),
+    ``PQ{dim/2}x4fs``: product quantisation of 2 dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan
+    kernels (dim / 4 bytes per vector), searched at depth 192 (``default_depth``). On 100,000 Fashion-MNIST images
+    through Lite0 (``IVF4096``, 32 probes, 500 held-out queries in 4-query batches, one thread; ``python -m
+    bench.faiss_specs``, BENCHMARKS.md section 3): recall@10 of the exact MaxSim ranking 0.997 against 0.997 for
+    SQ8 at depth 64, 3.7 against 13.1 KB of FAISS index per image, search CPU 7.9 against 19.3 ms per query, FAISS
+    build 1.8x as long. Only the candidates come from these codes: the rerank scores the stored tokens.
 
-    Measured: on 100,000 Fashion-MNIST images through Lite0 (1280-d, ``IVF4096``, 32 probes, 500 held-out
-    queries in 4-query batches, one thread; ``python -m bench.faiss_specs``, BENCHMARKS.md section 3): recall@10
-    of the exact MaxSim ranking 0.997 against 0.997 for SQ8 at depth 64, 3.7 against 13.1 KB of FAISS index per
-    image, search CPU 7.9 against 19.3 ms per query, FAISS build 1.8x as long. Issue 24 extended it to narrower
-    widths for memory: at 256-d it takes a quarter of SQ8's bytes (640 instead of 2,560 per image), what lets a
-    million images fit in 4 KB each (BENCHMARKS.md section 9); on clustered real-photo tokens at 256-d its
-    candidates held the whole exact top 10 (``tests/perf/test_compact_store.py``).
+    Not below ``WIDE_DIM`` (issue 24, BENCHMARKS.md section 9): at 256-d, on 100,000 images generated densely
+    around 1,800 real ones (``bench.corpus1m``), ``IVF4096,PQ128x4fs`` kept recall@10 0.78 / 0.86 / 0.91 at depth
+    64 / 128 / 192 against 0.9995 for ``IVF4096,SQ8`` at depth 64 (``python -m bench.search``): with 2
+    dimensions per 4-bit code over 256, the codes cannot order hundreds of close neighbours.
 
     Raises:
-        ConfigError: a wide ``dim`` (>= ``WIDE_DIM``) that is odd (no 2-dimension sub-vectors).
+        ConfigError: a wide ``dim`` that is odd (no 2-dimension sub-vectors).
     """
-    if dim is None or dim < FAST_SCAN_MIN_DIM or (dim % 2 and dim < WIDE_DIM):
+    if dim is None or dim < WIDE_DIM:
         return SQ8_CODEC
     if dim % 2:
         raise ConfigError(f"token width {dim} is odd: no fast-scan PQ codec of 2-dimension sub-vectors")

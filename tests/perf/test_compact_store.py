@@ -1,6 +1,6 @@
-"""The compact index regis gives new collections (issue 24): the 4-bit fast-scan FAISS codec for the candidates and
-the SQ4 token store for their ranking, with exact float16 re-scoring of the top, checked on clustered tokens of
-real photos against exact MaxSim.
+"""The compact index regis gives new collections (issue 24): the SQ4 token store ranks the candidates (of the FAISS
+codec regis picks for the width: SQ8 at 256-d, 4-bit fast-scan at 1280-d), the top is re-scored exactly on the
+float16 tokens; checked on clustered tokens of real photos against exact MaxSim.
 
 Tokens: the bundled real photos (21 scenes), 5 random crops each through the offline EfficientNet-Lite0 at 96 px
 (10 tokens x 1280 per crop): 4 crops per photo for the gallery, 1 held out as a query. The gallery is then grown
@@ -95,7 +95,8 @@ def test_new_index_is_compact_and_ranks_like_exact_maxsim(tmp_path, corpus):
     gallery, queries = corpus
     d = gallery.shape[2]
     m = add(tmp_path / "idx", gallery)
-    assert m.faiss.spec == f"IVF512,PQ{d // 2}x4fs" and m.faiss.depth == faiss_index.FAST_SCAN_DEPTH
+    spec = f"IVF512,{faiss_index.default_codec(d)}"
+    assert m.faiss.spec == spec and m.faiss.depth == faiss_index.default_depth(spec)
     assert m.token_store.spec == token_codes.default_store(d) == "SQ4" and m.token_store.code_size == d // 2
     assert m.token_store.refine == token_codes.DEFAULT_REFINE == 8  # the best 80 re-scored on float16
     snap = IndexSnapshot.open(tmp_path / "idx")
@@ -125,7 +126,8 @@ def test_an_index_keeps_its_store_and_codec_as_it_grows(tmp_path, corpus):
     codec_before, codes_before = codec_file.read_bytes(), np.array(snap.codes.codes)
     snap.close()
     m = add(path, gallery[1_500:])  # past 2,000 images: IVF with the fast-scan codec; the store's codec reused
-    assert m.faiss.spec == f"IVF512,PQ{d // 2}x4fs" and m.token_store.spec == "SQ4" and m.num_images == N_GALLERY
+    spec = f"IVF512,{faiss_index.default_codec(d)}"
+    assert m.faiss.spec == spec and m.token_store.spec == "SQ4" and m.num_images == N_GALLERY
     snap = IndexSnapshot.open(path)
     assert (path / "versions" / snap.name / token_codes.CODEC_FILE).read_bytes() == codec_before
     np.testing.assert_array_equal(np.asarray(snap.codes.codes)[:1_500], codes_before)
@@ -134,5 +136,5 @@ def test_an_index_keeps_its_store_and_codec_as_it_grows(tmp_path, corpus):
     old = tmp_path / "float16"
     assert add(old, gallery[:1_500], token_store="float16").token_store.spec == "float16"
     m = add(old, gallery[1_500:])
-    assert m.token_store.spec == "float16" and m.faiss.spec == f"IVF512,PQ{d // 2}x4fs"
+    assert m.token_store.spec == "float16" and m.faiss.spec == spec
     assert IndexSnapshot.open(old).codes is None

@@ -1,6 +1,5 @@
-"""Wide tokens (D >= 1024, EfficientNet-Lite0's 1280; since issue 24 every even D >= 128) get a 4-bit fast-scan PQ
-codec in new IVF indexes (``faiss_index.default_codec``); an index keeps the codec it was written with as it grows
-or changes.
+"""Wide tokens (D >= 1024, EfficientNet-Lite0's 1280) get a 4-bit fast-scan PQ codec in new IVF indexes
+(``faiss_index.default_codec``); an index keeps the codec it was written with as it grows or changes.
 
 Clustered synthetic 1024-d tokens through the real ``IndexWriter``; the candidates' recall against the exact
 ranking is checked, never their speed (``python -m bench.faiss_specs``, BENCHMARKS.md section 3).
@@ -53,15 +52,13 @@ def tokens():
 
 
 def test_codec_choice_by_width():
-    assert faiss_index.default_codec(None) == "SQ8" and faiss_index.default_codec(64) == "SQ8"
-    assert faiss_index.default_codec(383) == "SQ8"  # odd and narrow: no 2-dimension sub-vectors, SQ8 as before
-    assert faiss_index.default_codec(1280) == "PQ640x4fs" and faiss_index.default_codec(256) == "PQ128x4fs"
-    assert faiss_index.default_codec(384) == "PQ192x4fs"  # issue 24: every even width from 128
+    assert faiss_index.default_codec(384) == "SQ8" and faiss_index.default_codec(None) == "SQ8"
+    assert faiss_index.default_codec(256) == "SQ8"  # narrow: 4-bit codes lost recall on dense 256-d tokens
+    assert faiss_index.default_codec(1280) == "PQ640x4fs"
     with pytest.raises(ConfigError, match="odd"):
         faiss_index.default_codec(1025)
     assert faiss_index.auto_spec(100_000, T, 1280) == "IVF4096,PQ640x4fs"
-    assert faiss_index.auto_spec(100_000, T, 384) == "IVF4096,PQ192x4fs"
-    assert faiss_index.auto_spec(100_000, T, 384, codec="SQ8") == "IVF4096,SQ8"  # an SQ8 index stays SQ8
+    assert faiss_index.auto_spec(100_000, T, 384) == "IVF4096,SQ8"
     assert faiss_index.auto_spec(100_000, T, 1280, codec="SQ8") == "IVF4096,SQ8"
     assert faiss_index.auto_spec(1_000, T, 1280) == "Flat"
     assert faiss_index.spec_codec("IVF4096,PQ640x4fs") == "PQ640x4fs"
