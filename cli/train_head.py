@@ -56,9 +56,10 @@ def train_head_cmd(
     corpus: Corpus = None,
     cache: Cache = None,
     dim: Annotated[int, typer.Option("--dim", help="D', the width of the head's tokens.")] = 256,
-    hidden: Annotated[int, typer.Option("--hidden", help="Width of the head's MLP branch (0: linear).")] = 512,
-    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 3000,
-    batch_photos: Annotated[int, typer.Option("--batch-photos", help="P: photos per batch.")] = 32,
+    hidden: Annotated[int, typer.Option("--hidden", help="Width of the head's MLP branch (0: linear, the shipped "
+                                        "head).")] = 0,
+    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 400,
+    batch_photos: Annotated[int, typer.Option("--batch-photos", help="P: photos per batch.")] = 64,
     per_photo: Annotated[int, typer.Option("--per-photo", help="K: instances (regions) per photo.")] = 4,
     lr: Annotated[float, typer.Option("--lr", help="AdamW learning rate.")] = 1e-3,
     tau: Annotated[float, typer.Option("--tau", help="InfoNCE temperature.")] = 0.05,
@@ -87,7 +88,8 @@ def train_head_cmd(
     train = _instances(encoder, corpus, cache, "train", seed, views, regions, not quiet)
     val = _instances(encoder, corpus, cache, "val", seed + 1, views, regions, not quiet)
     config = HeadTrainConfig(out_dim=dim, hidden=hidden, steps=steps, batch_photos=batch_photos,
-                             per_photo=per_photo, lr=lr, tau=tau, koleo_weight=koleo, seed=seed)
+                             per_photo=per_photo, lr=lr, tau=tau, koleo_weight=koleo, seed=seed, eval_every=100,
+                             checkpoint_every=100)
     summary = train_head(train, val, out, config, resume=resume, progress=not quiet, stop_at=stop_at_step)
     typer.echo(json.dumps(summary))
 

@@ -1,4 +1,5 @@
-"""The README's first command (`make demo`): index real photos with the offline backbone, start the
+"""The README's first command (`make demo`): index real photos with the default backbone (efficientnet-lite0-regis:
+the offline EfficientNet-Lite0 plus regis's trained token head), start the
 service, send an augmented copy of one photo to POST /v1/search over HTTP, print the ranked results.
 
 Usage: python scripts/demo.py [--data demo-data] [--port 8765] [--photo skimage-chelsea.png]
@@ -63,7 +64,7 @@ def main() -> int:
     photos, index = args.data / "photos", args.data / "index"
 
     run("photos", str(photos))
-    run("index", "build", str(photos), "--index", str(index), "--backbone", "efficientnet-lite0")
+    run("index", "build", str(photos), "--index", str(index), "--backbone", "efficientnet-lite0-regis")
 
     # the query: a crop (50-80 % of the area), downscaled to 40-80 %, re-encoded as JPEG quality 40
     original = Image.open(photos / args.photo).convert("RGB")

@@ -26,6 +26,7 @@ from regis.indexes.collections import (
 )
 from regis.indexes.layout import read_current
 from regis.jobs.model import JobError
+from regis.models.registry import DEFAULT_BACKBONE
 from service.errors import APIError
 from service.live import LiveIndex
 
@@ -219,7 +220,7 @@ class CollectionRegistry:
             body.pop("images_root", None)
         else:  # the default collection before its first version
             body = {"index_version": None, "images": 0, "config": CollectionConfig().model_dump(),
-                    "backbone": self.settings.backbone or "efficientnet-lite0"}
+                    "backbone": self.settings.backbone or DEFAULT_BACKBONE}
         return {**body, "name": name, "default": name == self.default_name, "loaded": engine is not None}
 
     def create(self, name: str, config: CollectionConfig) -> dict:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from regis.errors import ConfigError, RegisError
 from regis.indexes.layout import CURRENT_FILE, VERSIONS_DIR, fsync_dir, read_current, write_json_atomic
+from regis.models.registry import DEFAULT_BACKBONE
 
 CONFIG_FILE = "collection.json"
 DEFAULT_COLLECTION = "default"
@@ -210,7 +211,7 @@ class CollectionsRoot:
             "config": config.model_dump(),
             "index_version": version,
             "images": images,
-            "backbone": manifest.encoder.backbone if manifest else (config.backbone or "efficientnet-lite0"),
+            "backbone": manifest.encoder.backbone if manifest else (config.backbone or DEFAULT_BACKBONE),
             "images_root": manifest.images_root if manifest else None,
         }
 

@@ -412,7 +412,9 @@ def build_encoder(
     loaded = read_weights_file(weights) if weights else None
     stored = (loaded.encoder_config or {}) if loaded else {}
     if backbone is None:
-        backbone = stored.get("backbone", "efficientnet-lite0")
+        from regis.models.registry import DEFAULT_BACKBONE
+
+        backbone = stored.get("backbone", DEFAULT_BACKBONE)
     elif stored.get("backbone") not in (None, backbone):
         raise WeightsError(f"{weights} holds a {stored['backbone']} encoder, not {backbone}")
     spec = get_backbone_spec(backbone)

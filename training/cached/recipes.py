@@ -47,7 +47,7 @@ def _opt(head: torch.nn.Module, extra: list, lr: float, steps: int):
                                   warmup_lr_init=lr * 0.01)
 
 
-def train_triplet(cache: dict, steps: int = 2000, triplets: int = 64, out_dim: int = 256, hidden: int = 512,
+def train_triplet(cache: dict, steps: int = 2000, triplets: int = 64, out_dim: int = 256, hidden: int = 0,
                   lr: float = 1e-3, margin: float = 0.2, seed: int = 0, tokens: int = 10) -> tuple[TokenHead, list]:
     """A head trained with random multi-vector triplets (module docstring); returns it and the loss log."""
     head = _head(cache, out_dim, hidden, seed, tokens)
@@ -82,7 +82,7 @@ def train_triplet(cache: dict, steps: int = 2000, triplets: int = 64, out_dim: i
 
 
 def train_dmcac(cache: dict, steps: int = 2000, batch: int = 32, top_k: int = 12, refresh_every: int = 200,
-                out_dim: int = 256, hidden: int = 512, lr: float = 1e-3, tau: float = 0.1, seed: int = 0,
+                out_dim: int = 256, hidden: int = 0, lr: float = 1e-3, tau: float = 0.1, seed: int = 0,
                 tokens: int = 10) -> tuple[TokenHead, list]:
     """A head trained with the DMCAC loss (module docstring); the CAC and CE heads are discarded. Returns the head
     and the loss log."""

@@ -50,9 +50,9 @@ class HeadTrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     out_dim: int = Field(256, ge=8)
-    hidden: int = Field(512, ge=0)
-    steps: int = Field(3000, ge=1)
-    batch_photos: int = Field(32, ge=2)
+    hidden: int = Field(0, ge=0)
+    steps: int = Field(400, ge=1)
+    batch_photos: int = Field(64, ge=2)
     per_photo: int = Field(4, ge=1)
     lr: float = Field(1e-3, gt=0)
     min_lr_ratio: float = Field(0.01, ge=0, le=1)
