@@ -26,7 +26,7 @@ def create(
     random_init: RandomInit = False,
     description: Annotated[str, typer.Option("--description", help="Free text.")] = "",
 ) -> None:
-    """Create an empty collection that will embed with the given backbone (default efficientnet-lite0)."""
+    """Create an empty collection that will embed with the given backbone (default efficientnet-lite0-regis)."""
     from cli.options import collections_root
     from regis.indexes.collections import CollectionConfig
 

@@ -9,8 +9,9 @@ import typer
 
 Backbone = Annotated[
     str | None,
-    typer.Option("--backbone", "-b", help="Backbone: dinov2-vits14-reg, efficientnet-lite0 (offline), "
-                 "vit-tiny-reg4-test, or timm:NAME. Default: the index's, else efficientnet-lite0."),
+    typer.Option("--backbone", "-b", help="Backbone: efficientnet-lite0-regis or efficientnet-lite0 (offline), "
+                 "dinov2-vits14-reg, vit-tiny-reg4-test, or timm:NAME. Default: the index's, else "
+                 "efficientnet-lite0-regis."),
 ]
 Weights = Annotated[
     Path | None,

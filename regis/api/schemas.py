@@ -157,7 +157,8 @@ class CollectionCreate(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="a-z, 0-9, '_', '-'; 1-63 characters")
     backbone: str | None = Field(default=None, max_length=100,
                                  description="registered backbone (GET /docs: regis backbones); default "
-                                             "efficientnet-lite0")
+                                             "efficientnet-lite0-regis (EfficientNet-Lite0 + regis's trained "
+                                             "token head, 256-d tokens)")
     random_init: bool = Field(default=False, description="random weights (tests only)")
     description: str = Field(default="", max_length=1000)
 
