@@ -247,7 +247,12 @@ def plot(rows: list[dict], path: Path) -> None:
     a.set_title("Search latency")
     a.legend(fontsize=8)
     a.grid(True, which="both", alpha=0.3)
-    b.loglog(n, [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in rows], "o-", label="regis resident (RSS)")
+    b.loglog(n, [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in rows], "o-",
+             label="regis process RSS growth (incl. float16 pages re-scoring touched)")
+    b.loglog(n, [r["rss_anon_bytes_per_image"] * r["images"] / 2**20 for r in rows], "s--",
+             label="... of it anonymous (FAISS index, arrays, Python)")
+    b.loglog(n, [(r["faiss_bytes_per_image"] + r["codes_bytes_per_image"] + r["locations_bytes_per_image"])
+                 * r["images"] / 2**20 for r in rows], "d-", label="index data held in RAM (FAISS + SQ4 codes)")
     b.loglog(n, [r["images"] * r["dim"] * 2 * 10 / 2**20 for r in rows], "^-", color="grey",
              label="float16 tokens (what exact scoring reads)")
     b.loglog(n, [r["images"] * 4096 / 2**20 for r in rows], color="red", lw=0.8, ls=":", label="4 KB per image")
