@@ -70,9 +70,11 @@ def default_store(dim: int) -> str:
     images per photo, ``tests/perf/test_compact_store.py``) SQ4's ordering put some of the exact top 10 below the
     40th candidate (recall@10 0.971), below the 80th none (1.000).
 
-    Chosen by measurement (``python -m bench.million``, BENCHMARKS.md section 9): at a million images of 256-d
-    tokens the float16 tokens (5 KB per image) cannot stay resident within 4 KB per image, and need not: the
-    re-scoring reads 40 rows per query from disk.
+    Why (BENCHMARKS.md section 9): at a million images of 256-d tokens the float16 tokens (5 KB per image) cannot
+    stay resident within 4 KB per image, and need not: the re-scoring reads 80 rows per query from disk (``python
+    -m bench.million``: at 10k-100k images p50 was the same with those rows evicted from the page cache as warm,
+    and recall@10 >= 0.998). SQ8 codes (D bytes per token) would not fit beside SQ8 FAISS codes at 256-d; SQ4
+    against SQ8 or float16 ranking was not compared at scale, only on the test's clustered photos.
     """
     return DEFAULT_STORE
 
