@@ -11,8 +11,9 @@ input's size or framing: it sees tokens, never pixels. The encoder L2-normalises
 (``RegisEncoder.readout``). ``W_lin`` starts as the PCA projection of training tokens and ``W_2`` at zero, so an
 untrained head is PCA to D' dimensions (``training.photos.train``).
 
-Stored as safetensors (float16 tensors ``lin.weight``, ``lin.bias``, ``fc1.weight``, ``fc1.bias``, ``fc2.weight``,
-``fc2.bias``) with its shape in the metadata (``HEAD_METADATA_KEY``).
+Stored as safetensors (float16 tensors ``lin.weight``, ``lin.bias``, and with an MLP branch ``fc1.*``, ``fc2.*``)
+with its shape and how it was trained in one metadata entry (``HEAD_METADATA_KEY``: in_dim, out_dim, hidden,
+training).
 """
 
 from __future__ import annotations
@@ -67,9 +68,8 @@ def save_head(head: TokenHead, path: Path, extra: dict | None = None) -> str:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in head.state_dict().items()}
-    meta = {HEAD_METADATA_KEY: json.dumps(head.shape_metadata())}
-    if extra:
-        meta["regis.training"] = json.dumps(extra)
+    # one metadata entry: safetensors writes several in a varying order, and the file's SHA-256 must not vary
+    meta = {HEAD_METADATA_KEY: json.dumps({**head.shape_metadata(), **({"training": extra} if extra else {})})}
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)
     tmp.chmod(0o644)  # package data: readable by everyone
@@ -96,7 +96,8 @@ def load_head(path: Path) -> TokenHead:
         raise WeightsError(f"cannot read the token head {path}: {type(exc).__name__}") from exc
     if HEAD_METADATA_KEY not in meta:
         raise WeightsError(f"{path} is not a regis token head (no {HEAD_METADATA_KEY} metadata)")
-    head = TokenHead(**json.loads(meta[HEAD_METADATA_KEY]))
+    shape = json.loads(meta[HEAD_METADATA_KEY])
+    head = TokenHead(shape["in_dim"], shape["out_dim"], shape["hidden"])
     try:
         head.load_state_dict({k: v.float() for k, v in tensors.items()})
     except RuntimeError as exc:
