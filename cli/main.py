@@ -52,8 +52,8 @@ def backbones() -> None:
     from regis.models.registry import list_backbones
 
     for spec in list_backbones():
-        typer.echo(f"{spec.name:22s} {spec.kind:4s} weights={spec.default_weights:8s} {spec.description}")
-    typer.echo(f"{'timm:NAME':22s} vit  weights=hub      any timm ViT with register tokens (use --weights offline)")
+        typer.echo(f"{spec.name:24s} {spec.kind:4s} weights={spec.default_weights:8s} {spec.description}")
+    typer.echo(f"{'timm:NAME':24s} vit  weights=hub      any timm ViT with register tokens (use --weights offline)")
 
 
 @app.command("photos")
