@@ -148,8 +148,12 @@ def search(
     where = parse_filter(filter_)
     if where:
         params["where"] = where
-    from regis.retrieve.query import QueryEngine
+    from regis.retrieve.query import QueryEngine, set_torch_threads
 
+    # One small forward pass: one torch thread (REGIS_TORCH_THREADS overrides). Two threads gain a few ms on an
+    # idle machine, and on a busy one their spin-waiting made encoding one photo take seconds (0.07 s of CPU on
+    # one thread, 1-3 s on two, here at load 18).
+    set_torch_threads(int(os.environ.get("REGIS_TORCH_THREADS") or 1))
     # One query: the fast inference copy (made and checked against the encoder: three forward passes, an ONNX
     # export for ONNX Runtime) would cost more than it saves; REGIS_QUERY_RUNTIME asks for it anyway.
     fast = "REGIS_QUERY_RUNTIME" in os.environ
