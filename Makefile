@@ -6,7 +6,12 @@ VENV ?= .venv
 TORCH ?= torch==2.14.1 torchvision==0.29.1
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-heavy lint serve-demo clean
+# The Debian packages tests can use: chromium + chromium-driver (the browser tests, Playwright on /usr/bin/chromium),
+# dataset-fashion-mnist (the real-data dataset test), redis-server (the worker and collection-delete fault tests),
+# docker-compose (validates docker-compose.yml). Without one, its tests skip and say why (pytest -ra lists them).
+SYSTEM_PACKAGES := chromium chromium-driver dataset-fashion-mnist redis-server docker-compose
+
+.PHONY: install system-deps demo test test-heavy lint serve-demo clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +21,14 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+## Install the system packages the tests can use (Debian or Ubuntu; apt-get, with sudo when not root).
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "installed: $(SYSTEM_PACKAGES)"; exit 0; fi; \
+	sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	echo "installing:" $$missing; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing
 
 ## Install, index the bundled photos with the offline backbone, start the service, query it over HTTP.
 demo: install

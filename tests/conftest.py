@@ -4,6 +4,7 @@ and indexes built from the photos."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,47 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@dataclass
+class CliRun:
+    """What ``regis ARGS`` did: exit status and output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """Run ``regis ARGS`` in this process (``cli.main.main``, what the console script runs: no interpreter start
+    or torch import per call); returns a ``CliRun``. ``env`` sets variables ("" unsets one; REGIS_INDEX_DIR,
+    REGIS_COLLECTIONS_ROOT and REGIS_DEBUG start unset), ``stdin`` answers prompts. Tests of the real entry point
+    (``python -m regis``) run it in a subprocess (tests/test_cli.py)."""
+    import io
+    import sys
+
+    from cli.main import main
+
+    threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else os.cpu_count() or 1
+
+    def run(*args, env: dict | None = None, stdin: str = "") -> CliRun:
+        base = {"REGIS_INDEX_DIR": "", "REGIS_COLLECTIONS_ROOT": "", "REGIS_DEBUG": ""}
+        for name, value in {**base, **(env or {})}.items():
+            if value:
+                monkeypatch.setenv(name, value)
+            else:
+                monkeypatch.delenv(name, raising=False)
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main([str(a) for a in args])
+        out = capsys.readouterr()
+        return CliRun(exit_.value.code, out.out, out.err)
+
+    yield run
+    if "torch" in sys.modules:  # regis search sets one torch thread for its query: the process's default again
+        sys.modules["torch"].set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -110,7 +152,7 @@ def browser():
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing in CI: .ci/run should have installed Debian's chromium")
-        pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+        pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM} (make system-deps installs it)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

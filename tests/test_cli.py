@@ -1,4 +1,5 @@
-"""The command line as a user runs it: `python -m regis ...` in a subprocess."""
+"""The command line as a user runs it: `python -m regis ...` in a subprocess (the index build and the help
+texts), and the other commands in-process through the same entry point (the ``cli`` fixture)."""
 
 import json
 import os
@@ -27,41 +28,41 @@ def cli_index(tmp_path_factory, photos_dir):
     return index
 
 
-def test_rebuild_reuses_the_index_encoder_and_changes_nothing(cli_index, photos_dir):
-    out = regis("index", "build", photos_dir, "--index", cli_index, "--no-progress")
+def test_rebuild_reuses_the_index_encoder_and_changes_nothing(cli_index, photos_dir, cli):
+    out = cli("index", "build", photos_dir, "--index", cli_index, "--no-progress")
     assert "21 unchanged" in out.stdout and "no change" in out.stdout
 
 
-def test_search_prints_ranked_results(cli_index, photos_dir):
-    out = regis("search", cli_index, photos_dir / "skimage-coffee.png", "-k", "3")
+def test_search_prints_ranked_results(cli_index, photos_dir, cli):
+    out = cli("search", cli_index, photos_dir / "skimage-coffee.png", "-k", "3")
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 3 and lines[0].split()[0] == "1" and lines[0].endswith("skimage-coffee.png")
-    as_json = json.loads(regis("search", cli_index, photos_dir / "skimage-coffee.png", "--json", "--exact").stdout)
+    as_json = json.loads(cli("search", cli_index, photos_dir / "skimage-coffee.png", "--json", "--exact").stdout)
     assert as_json["mode"] == "exact" and as_json["results"][0]["path"] == "skimage-coffee.png"
 
 
-def test_errors_name_the_file_and_exit_2_for_usage_1_for_failures(cli_index, tmp_path):
+def test_errors_name_the_file_and_exit_2_for_usage_1_for_failures(cli_index, tmp_path, cli):
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"nope")
-    out = regis("search", cli_index, bad, check=False)  # the work failed: the file is not an image
+    out = cli("search", cli_index, bad)  # the work failed: the file is not an image
     assert out.returncode == 1 and "broken.jpg" in out.stderr and "not an image" in out.stderr
     assert "Traceback" not in out.stderr
-    out = regis("search", cli_index, tmp_path / "missing.png", check=False)
+    out = cli("search", cli_index, tmp_path / "missing.png")
     assert out.returncode == 2 and "missing.png" in out.stderr
-    out = regis("index", "build", tmp_path / "no-such-folder", "--index", tmp_path / "i", check=False)
+    out = cli("index", "build", tmp_path / "no-such-folder", "--index", tmp_path / "i")
     assert out.returncode == 2 and "no-such-folder" in out.stderr
-    out = regis("index", "build", tmp_path, "--index", tmp_path / "i", "--roi-size", "4", "--random-init",
-                "--backbone", "vit-tiny-reg4-test", check=False)
+    out = cli("index", "build", tmp_path, "--index", tmp_path / "i", "--roi-size", "4", "--random-init",
+              "--backbone", "vit-tiny-reg4-test")
     assert out.returncode == 2 and "odd" in out.stderr
 
 
-def test_info_and_backbones(cli_index):
-    manifest = json.loads(regis("index", "info", cli_index).stdout)
+def test_info_and_backbones(cli_index, cli):
+    manifest = json.loads(cli("index", "info", cli_index).stdout)
     assert manifest["encoder"]["backbone"] == "vit-tiny-reg4-test" and manifest["tokens_per_image"] == 10
-    assert "efficientnet-lite0" in regis("backbones").stdout
+    assert "efficientnet-lite0" in cli("backbones").stdout
 
 
-def test_roi_image_size_option_is_recorded_and_refused_for_vits(photos_dir, tmp_path):
+def test_roi_image_size_option_is_recorded_and_refused_for_vits(photos_dir, tmp_path, cli):
     """`--roi-image-size 0` builds a one-pass CNN index (the manifest says so, a second build keeps it); the
     default CNN build reads ROI tokens from a 160 px pass; a ViT refuses the option, naming it."""
     two = tmp_path / "two"
@@ -69,16 +70,17 @@ def test_roi_image_size_option_is_recorded_and_refused_for_vits(photos_dir, tmp_
     for name in ("skimage-chelsea.png", "skimage-coffee.png"):
         (two / name).write_bytes((photos_dir / name).read_bytes())
     one_pass, default = tmp_path / "one-pass", tmp_path / "default"
-    regis("index", "build", two, "--index", one_pass, "--backbone", "efficientnet-lite0", "--roi-image-size", "0",
-          "--no-progress")
-    regis("index", "build", two, "--index", default, "--backbone", "efficientnet-lite0", "--no-progress")
-    info = {i: json.loads(regis("index", "info", i).stdout)["encoder"] for i in (one_pass, default)}
+    assert cli("index", "build", two, "--index", one_pass, "--backbone", "efficientnet-lite0", "--roi-image-size", "0",
+               "--no-progress").returncode == 0
+    assert cli("index", "build", two, "--index", default, "--backbone", "efficientnet-lite0",
+               "--no-progress").returncode == 0
+    info = {i: json.loads(cli("index", "info", i).stdout)["encoder"] for i in (one_pass, default)}
     assert info[one_pass]["roi_image_size"] is None and info[default]["roi_image_size"] == 160
     (two / "skimage-rocket.jpg").write_bytes((photos_dir / "skimage-rocket.jpg").read_bytes())
-    regis("index", "build", two, "--index", one_pass, "--no-progress")  # the index's own encoder again
-    assert json.loads(regis("index", "info", one_pass).stdout)["encoder"]["roi_image_size"] is None
-    out = regis("index", "build", two, "--index", tmp_path / "vit", "--backbone", "vit-tiny-reg4-test",
-                "--random-init", "--roi-image-size", "160", check=False)
+    assert cli("index", "build", two, "--index", one_pass, "--no-progress").returncode == 0  # its own encoder again
+    assert json.loads(cli("index", "info", one_pass).stdout)["encoder"]["roi_image_size"] is None
+    out = cli("index", "build", two, "--index", tmp_path / "vit", "--backbone", "vit-tiny-reg4-test",
+              "--random-init", "--roi-image-size", "160")
     assert out.returncode == 2 and "roi_image_size" in out.stderr and "CNN" in out.stderr
 
 

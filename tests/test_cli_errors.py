@@ -3,17 +3,13 @@ traceback unless --debug or REGIS_DEBUG=1 (issue 25, item 1): the bad invocation
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from cli.errors import describe, report
 from regis.errors import ConfigError, IndexFormatError, Interrupted
 from tests.test_cli import regis
 
-NO_INDEX_ENV = {"REGIS_INDEX_DIR": "", "REGIS_COLLECTIONS_ROOT": "", "REGIS_DEBUG": ""}
+NO_INDEX_ENV = {"REGIS_INDEX_DIR": "", "REGIS_COLLECTIONS_ROOT": "", "REGIS_DEBUG": ""}  # the cli fixture clears them
 
 
 def _lines(out) -> list[str]:
@@ -30,38 +26,38 @@ def _one_error(out, status: int, *words: str) -> None:
         assert word in out.stderr, (word, out.stderr)
 
 
-def test_serve_with_a_missing_index_is_one_line(tmp_path):
-    out = regis("serve", "--index", tmp_path / "nosuch", "--port", "0", check=False, env_extra=NO_INDEX_ENV)
-    _one_error(out, 1, "nosuch", "regis index build")
+def test_serve_with_a_missing_index_is_one_line(cli, tmp_path):
+    _one_error(cli("serve", "--index", tmp_path / "nosuch", "--port", "0"), 1, "nosuch", "regis index build")
 
 
-def test_serve_without_an_index_names_the_options_not_the_variables():
-    out = regis("serve", "--port", "0", check=False, env_extra=NO_INDEX_ENV)
+def test_serve_without_an_index_names_the_options_not_the_variables(cli):
+    out = cli("serve", "--port", "0")
     _one_error(out, 2, "--index DIR", "--collections-root DIR")
     assert "index_dir" not in out.stderr
 
 
-def test_declining_a_confirmation_is_one_line_and_changes_nothing(tmp_path):
-    env = {**NO_INDEX_ENV, "REGIS_COLLECTIONS_ROOT": str(tmp_path)}
-    regis("collections", "create", "demo", "--backbone", "vit-tiny-reg4-test", "--random-init", env_extra=env)
-    full = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
-    out = subprocess.run([sys.executable, "-m", "regis", "collections", "delete", "demo"], input="n\n",
-                         capture_output=True, text=True, env=full, timeout=300)
-    _one_error(out, 1, "aborted")
-    assert "demo" in regis("collections", "list", env_extra=env).stdout
-    _one_error(regis("collections", "delete", "nosuch", "--yes", check=False, env_extra=env), 1, "nosuch")
+def test_declining_a_confirmation_is_one_line_and_changes_nothing(cli, tmp_path):
+    env = {"REGIS_COLLECTIONS_ROOT": str(tmp_path)}
+    assert cli("collections", "create", "demo", "--backbone", "vit-tiny-reg4-test", "--random-init",
+               env=env).returncode == 0
+    _one_error(cli("collections", "delete", "demo", env=env, stdin="n\n"), 1, "aborted")
+    assert "demo" in cli("collections", "list", env=env).stdout
+    _one_error(cli("collections", "delete", "nosuch", "--yes", env=env), 1, "nosuch")
 
 
-def test_usage_errors_are_one_line_with_a_hint(tmp_path):
-    _one_error(regis("search", "--nosuch", check=False), 2, "No such option: --nosuch", "regis search --help")
-    _one_error(regis("index", "build", check=False), 2, "Missing argument", "regis index build --help")
-    _one_error(regis("search", tmp_path, tmp_path / "missing.png", check=False), 2, "missing.png")
+def test_usage_errors_are_one_line_with_a_hint(cli, tmp_path):
+    _one_error(cli("search", "--nosuch"), 2, "No such option: --nosuch", "regis search --help")
+    _one_error(cli("index", "build"), 2, "Missing argument", "regis index build --help")
+    _one_error(cli("search", tmp_path, tmp_path / "missing.png"), 2, "missing.png")
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    for out in (regis("--debug", "serve", "--index", tmp_path / "nosuch", check=False, env_extra=NO_INDEX_ENV),
-                regis("index", "info", tmp_path / "nosuch", check=False, env_extra={"REGIS_DEBUG": "1"})):
-        assert out.returncode == 1 and "Traceback" in out.stderr and "IndexFormatError" in out.stderr
+def test_debug_shows_the_traceback(cli, tmp_path):
+    """Through the real entry point (``python -m regis``) once, and in-process with REGIS_DEBUG=1."""
+    out = regis("--debug", "serve", "--index", tmp_path / "nosuch", check=False, env_extra=NO_INDEX_ENV)
+    assert out.returncode == 1 and "Traceback" in out.stderr and "IndexFormatError" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ")
+    out = cli("index", "info", tmp_path / "nosuch", env={"REGIS_DEBUG": "1"})
+    assert out.returncode == 1 and "Traceback" in out.stderr and "IndexFormatError" in out.stderr
 
 
 @pytest.mark.parametrize("exc, status, first", [

@@ -4,10 +4,7 @@ once."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -69,15 +66,12 @@ def test_hf_hub_offline_means_unreachable_without_a_probe(monkeypatch):
     assert not hub_reachable()
 
 
-def test_the_cli_says_it_in_one_line_without_retries(tmp_path, photos_dir):
+def test_the_cli_says_it_in_one_line_without_retries(tmp_path, photos_dir, cli):
     folder = tmp_path / "one"
     folder.mkdir()
     (folder / "coffee.png").write_bytes((photos_dir / "skimage-coffee.png").read_bytes())
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    env.update(PYTHONPATH=os.pathsep.join(sys.path), HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="https://nosuch.invalid")
-    out = subprocess.run([sys.executable, "-m", "regis", "index", "build", str(folder), "--index", str(tmp_path / "i"),
-                          "--backbone", "dinov2-vits14-reg", "--no-progress"], capture_output=True, text=True,
-                         env=env, timeout=300)
+    out = cli("index", "build", folder, "--index", tmp_path / "i", "--backbone", "dinov2-vits14-reg", "--no-progress",
+              env={"HF_HUB_OFFLINE": "", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "https://nosuch.invalid"})
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1, out.stderr
     assert "https://nosuch.invalid cannot be reached" in lines[0] and "--backbone efficientnet-lite0" in lines[0]

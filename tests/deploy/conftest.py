@@ -22,7 +22,7 @@ def redis_url(tmp_path_factory):
         yield configured
         return
     if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed and REGIS_TEST_REDIS_URL is not set")
+        pytest.skip("redis-server is not installed (make system-deps installs it) and REGIS_TEST_REDIS_URL is not set")
     server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
     yield server.url
     server.stop()
@@ -32,7 +32,7 @@ def redis_url(tmp_path_factory):
 def own_redis(tmp_path):
     """A redis-server of this test alone (to stop and restart it)."""
     if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed: this test stops its own Redis")
+        pytest.skip("redis-server is not installed (make system-deps installs it): this test stops its own Redis")
     server = RedisProcess(tmp_path).start()
     yield server
     server.stop()

@@ -39,7 +39,7 @@ def test_compose_files_pass_docker_compose_config(files, tmp_path):
     command = _compose_command()
     if command is None:
         pytest.skip("neither docker-compose nor the docker compose plugin is installed "
-                    "(Debian: apt-get install docker-compose); the structural checks still ran")
+                    "(make system-deps installs docker-compose); the structural checks still ran")
     args = [a for f in files for a in ("-f", str(f))]
     out = subprocess.run([*command, *args, "config"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr

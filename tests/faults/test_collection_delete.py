@@ -153,7 +153,7 @@ def test_a_job_queued_for_a_deleted_collection_never_writes_into_its_successor(t
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server")
+@pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server (make system-deps installs it)")
 def test_redis_jobs_are_listed_per_collection_and_refused_once_their_collection_is_gone(
         tmp_path, redis_url, prefix, images_root):  # noqa: F811
     """Redis mode: ``GET /v1/collections/X/jobs`` used to list every collection's jobs; now each collection sees

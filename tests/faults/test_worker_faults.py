@@ -19,7 +19,8 @@ from regis.jobs.model import JobSpec
 from regis.jobs.names import RedisNames
 from regis.jobs.rq_queue import RedisJobQueue, redis_connection
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(REDIS_SERVER is None, reason="needs redis-server")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(REDIS_SERVER is None,
+                                                   reason="needs redis-server (make system-deps installs it)")]
 WORKER_ARGS = ["worker", "--job-monitoring-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1",
                "--log-level", "info"]
 

@@ -111,7 +111,8 @@ def test_fashion_mnist_bad_magic(tmp_path):
         load_fashion_mnist(tmp_path, None)
 
 
-@pytest.mark.skipif(not REAL_FASHION_MNIST.is_dir(), reason="Debian package dataset-fashion-mnist not installed")
+@pytest.mark.skipif(not REAL_FASHION_MNIST.is_dir(),
+                    reason="Debian package dataset-fashion-mnist not installed (make system-deps installs it)")
 def test_real_fashion_mnist_counts():
     ds = open_dataset(REAL_FASHION_MNIST)
     assert ds.name == "fashion-mnist" and len(ds.train) == 30_000 and len(ds.test.queries) == 5_000
