@@ -186,9 +186,10 @@ def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
-def start_ray(index, args):
-    """The index split into ``args.shards`` shards (cached) behind Ray Serve on a local Ray cluster; returns a
-    stop function and the base URL once /readyz answers."""
+def start_ray(index, args, placement: str = "auto"):
+    """The index split into ``args.shards`` shards (cached) behind Ray Serve on a local Ray cluster, queries
+    encoded where ``placement`` says (``RaySettings.encoder_placement``: mode ``ray@ingress`` /
+    ``ray@deployment``; ``ray``: the default); returns a stop function and the base URL once /readyz answers."""
     import httpx
     import ray
     from ray import serve
@@ -216,6 +217,7 @@ def start_ray(index, args):
         ray.init(address=cluster.address, namespace="regis-bench", log_to_driver=False)
         settings = RaySettings(http_port=free_port(), proxy_location="HeadOnly", encoder_num_cpus=1,
                                shard_num_cpus=0.25, ingress_num_cpus=0.25, app_name="regis-bench",
+                               encoder_placement=placement,
                                max_batch_size=args.batch_max_size or 4,
                                batch_wait_timeout_s=(args.batch_max_wait_ms or 5.0) / 1e3)
         print("ray settings:", settings.model_dump_json(), flush=True)  # batch, CPUs, max_ongoing_requests
@@ -276,7 +278,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (at least one per client)")
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--modes", default="unbatched,batched",
-                   help="comma-separated: unbatched, batched (either with @onnx or @torch), ray")
+                   help="comma-separated: unbatched, batched (either with @onnx or @torch), ray (@ingress or "
+                        "@deployment: where Ray Serve encodes queries; default: the CPU default, the ingress)")
     p.add_argument("--shards", type=int, default=2, help="ray mode: shards of the collection")
     p.add_argument("--ray-cpus", type=int, default=2, help="ray mode: logical CPUs of the local Ray node")
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
@@ -305,8 +308,8 @@ def main() -> None:
     print("loadavg before:", os.getloadavg(), flush=True)
     try:
         for mode in modes:
-            if mode == "ray":
-                servers[mode] = start_ray(index, args)
+            if mode.partition("@")[0] == "ray":
+                servers[mode] = start_ray(index, args, mode.partition("@")[2] or "auto")
             else:
                 proc, base = start_server(index, mode_env(mode, args))
                 servers[mode] = (lambda proc=proc: (proc.terminate(), proc.wait(timeout=30)), base)

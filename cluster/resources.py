@@ -52,8 +52,15 @@ def fits(requests: list[float], nodes: list[float]) -> bool:
 
 
 def _replicas(settings: RaySettings, num_shards: int, writer: bool) -> dict[str, int]:
-    return {"encoder": settings.encoder_replicas, "shard": num_shards * settings.shard_replicas,
-            "ingress": settings.ingress_replicas, "writer": int(writer)}
+    return {"encoder": 0 if settings.encoder_in_ingress() else settings.encoder_replicas,
+            "shard": num_shards * settings.shard_replicas, "ingress": settings.ingress_replicas,
+            "writer": int(writer)}
+
+
+def full_shares(settings: RaySettings) -> dict[str, float]:
+    """Each role's CPU share where everything fits (``FULL_SHARE``; the ingress encodes queries too when the
+    encoder runs in it: the encoder's share)."""
+    return {**FULL_SHARE, **({"ingress": FULL_SHARE["encoder"]} if settings.encoder_in_ingress() else {})}
 
 
 def size_requests(settings: RaySettings, num_shards: int, nodes: list[float], free: float | None = None,
@@ -75,12 +82,13 @@ def size_requests(settings: RaySettings, num_shards: int, nodes: list[float], fr
     explicit = {"encoder": settings.encoder_num_cpus, "shard": settings.shard_num_cpus,
                 "ingress": settings.ingress_num_cpus, "writer": settings.writer_num_cpus}
     roles = [role for role in FULL_SHARE if counts[role]]
+    shares = full_shares(settings)
     sized = {role: explicit[role] is None for role in roles}
     budget = sum(nodes) if free is None else min(free, sum(nodes))
 
     def requests(factor: float) -> tuple[dict[str, float], list[float]]:
         cpus = {role: (explicit[role] if not sized[role]
-                       else max(int(FULL_SHARE[role] * factor / _GRAIN) * _GRAIN, _GRAIN))
+                       else max(int(shares[role] * factor / _GRAIN) * _GRAIN, _GRAIN))
                 for role in roles}
         return cpus, [cpus[role] for role in roles for _ in range(counts[role])]
 

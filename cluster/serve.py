@@ -44,7 +44,7 @@ import numpy as np
 from ray import serve
 
 from cluster.local import replica_on_loopback
-from cluster.resources import FULL_SHARE
+from cluster.resources import full_shares
 from cluster.settings import RaySettings
 from regis.errors import ConfigError, EncoderUnavailableError, ShardsUnavailableError
 from regis.sharding.engine import LiveShards, ShardedQueryEngine, collection_encoder, shard_ref
@@ -53,8 +53,8 @@ from service.settings import Settings
 
 log = logging.getLogger("regis.cluster")
 # what ``Shard.call`` runs besides search
-SHARD_METHODS = frozenset({"records", "select", "tokens", "info", "explain", "stored_image", "missing_fields",
-                           "field_names"})
+SHARD_METHODS = frozenset({"records", "search_batch", "select", "tokens", "info", "explain", "stored_image",
+                           "missing_fields", "field_names"})
 
 
 def _wrapped(fn, *args):
@@ -179,7 +179,11 @@ class Shard:
         opened = _wrapped(self.live.at, ref)
         if opened[0] != "ok":
             return opened
-        return _wrapped(getattr(opened[1], method), *args)
+        out = _wrapped(getattr(opened[1], method), *args)
+        if method == "search_batch" and out[0] == "ok":
+            for r in out[1]:  # the rows of its hits travel with the answer (no second call for them)
+                r.records = opened[1].records(r.ids)
+        return out
 
 
 class _RayCall:
@@ -329,10 +333,13 @@ def _ray_live(service: Settings, engine: ShardedQueryEngine):
     return live
 
 
-def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: list, writer=None):
+def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: list, writer=None,
+                   weights: str | None = None):
     """The ``create_app`` start-up of the ingress: the Ray engine, a registry of the one collection, the index
     watcher, and the job queue: the ``Writer`` deployment's (``cluster.writes``), the Redis queue with
-    ``REGIS_REDIS_URL``, none for a read-only service (writes answer 403 ``jobs_disabled``, as ``regis serve``)."""
+    ``REGIS_REDIS_URL``, none for a read-only service (writes answer 403 ``jobs_disabled``, as ``regis serve``).
+    ``encoder`` None: queries are encoded here (``RaySettings.encoder_placement``), through ``regis serve``'s
+    dynamic batching (``service.batched``; the batch's searches go to each shard as one call)."""
 
     def start(app) -> None:
         from service.app import clean_staging
@@ -340,11 +347,25 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
         from service.live import IndexWatcher
 
         manifest = collection_manifest(service.index_dir)
-        engine = ShardedQueryEngine(
-            RemoteEncoder(encoder, manifest.encoder, settings.encoder_timeout_s),
-            [RayShard(h, settings.shard_timeout_s) for h in shards],
-            service.index_dir, manifest, max_pixels=service.max_pixels, on_missing=settings.on_missing_shards,
-            refresh=False)  # no blocking call on the event loop: the watcher's first poll fills the versions
+        clients = [RayShard(h, settings.shard_timeout_s) for h in shards]
+        common = dict(max_pixels=service.max_pixels, on_missing=settings.on_missing_shards,
+                      refresh=False)  # no blocking call on the event loop: the watcher's first poll fills versions
+        if encoder is None:
+            from regis.retrieve.query import set_torch_threads
+
+            set_torch_threads(service.resolved_torch_threads())
+            engine = ShardedQueryEngine(collection_encoder(service.index_dir, weights, service.device), clients,
+                                        service.index_dir, manifest, device=service.device,
+                                        **service.query_encoding(), **common)
+            if service.batch_max_size > 1:
+                from service.batched import BatchedSearch
+
+                app.state.batched = BatchedSearch(service.batch_max_size, service.batch_max_wait_ms,
+                                                  service.batch_encode_workers, service.resolved_torch_threads())
+                app.state.batched.warm_up(engine)
+        else:
+            engine = ShardedQueryEngine(RemoteEncoder(encoder, manifest.encoder, settings.encoder_timeout_s),
+                                        clients, service.index_dir, manifest, **common)
         live = _ray_live(service, engine)
         app.state.live = live
         if service.enable_jobs and service.redis_url:
@@ -371,7 +392,8 @@ class Ingress:
     Args:
         service: the service settings (upload limits, k / depth limits; ``index_dir`` = the collection).
         settings: Ray settings (timeouts, missing-shard policy).
-        encoder: handle of the ``Encoder`` deployment.
+        weights: weights path overriding the manifest's ``file:`` source (an encoder in the ingress).
+        encoder: handle of the ``Encoder`` deployment, or None: queries are encoded in the ingress.
         writer: handle of the ``Writer`` deployment (``cluster.writes``), or None (read-only, or Redis jobs).
         *shards: handles of the shard deployments, in order (shard ``s`` goes to ``shards[s % len(shards)]``).
 
@@ -379,18 +401,18 @@ class Ingress:
         ValueError: no shard deployment.
     """
 
-    def __init__(self, service: Settings, settings: RaySettings, encoder, writer, *shards):
+    def __init__(self, service: Settings, settings: RaySettings, weights: str | None, encoder, writer, *shards):
         replica_on_loopback()
         if not shards:
             raise ValueError("the ingress needs at least one shard deployment")
-        self.service, self.settings, self.encoder, self.writer = service, settings, encoder, writer
-        self.shards = list(shards)
+        self.service, self.settings, self.weights = service, settings, weights
+        self.encoder, self.writer, self.shards = encoder, writer, list(shards)
 
     def __serve_build_asgi_app__(self):
         from service.app import create_app
 
         return create_app(self.service, start=_ingress_start(self.service, self.settings, self.encoder,
-                                                            self.shards, self.writer))
+                                                            self.shards, self.writer, self.weights))
 
 
 def build_app(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None):
@@ -406,11 +428,14 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
     gpus = {"num_gpus": settings.encoder_num_gpus} if settings.encoder_num_gpus else {}
     cpus = {"encoder": settings.encoder_num_cpus, "shard": settings.shard_num_cpus,
             "ingress": settings.ingress_num_cpus, "writer": settings.writer_num_cpus}
-    cpus = {role: (value if value is not None else FULL_SHARE[role]) for role, value in cpus.items()}
-    encoder = Encoder.options(num_replicas=settings.encoder_replicas,
-                              max_ongoing_requests=settings.encoder_max_ongoing_requests,
-                              ray_actor_options={"num_cpus": cpus["encoder"], **gpus}
-                              ).bind(collection, settings, weights)
+    shares = full_shares(settings)
+    cpus = {role: (value if value is not None else shares[role]) for role, value in cpus.items()}
+    encoder = None
+    if not settings.encoder_in_ingress():
+        encoder = Encoder.options(num_replicas=settings.encoder_replicas,
+                                  max_ongoing_requests=settings.encoder_max_ongoing_requests,
+                                  ray_actor_options={"num_cpus": cpus["encoder"], **gpus}
+                                  ).bind(collection, settings, weights)
     shards = [Shard.options(name=f"shard-{s:03d}", num_replicas=settings.shard_replicas,
                             max_ongoing_requests=settings.shard_max_ongoing_requests,
                             ray_actor_options={"num_cpus": cpus["shard"]}).bind(collection, s, settings)
@@ -424,7 +449,7 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
     return Ingress.options(num_replicas=settings.ingress_replicas,
                            max_ongoing_requests=settings.ingress_max_ongoing_requests,
                            ray_actor_options={"num_cpus": cpus["ingress"]}
-                           ).bind(service, settings, encoder, writer, *shards)
+                           ).bind(service, settings, weights, encoder, writer, *shards)
 
 
 def needs_writer(service: Settings) -> bool:
@@ -466,8 +491,9 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
     num_shards = read_layout(collection)["num_shards"]
     sizing = size_requests(settings, num_shards, *cluster_cpus(), writer=needs_writer(service))
     settings = sized_settings(settings, sizing)
-    say(f"regis: deploying {num_shards} shard(s) x {settings.shard_replicas} replica(s), "
-        f"{settings.encoder_replicas} encoder(s), {settings.ingress_replicas} ingress: {sizing.describe()}"
+    encoders = "encoder in the ingress" if settings.encoder_in_ingress() else f"{settings.encoder_replicas} encoder(s)"
+    say(f"regis: deploying {num_shards} shard(s) x {settings.shard_replicas} replica(s), {encoders}, "
+        f"{settings.ingress_replicas} ingress: {sizing.describe()}"
         + ("" if sizing.fits else " (more than the cluster has free: waiting for resources)"))
     serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings))
     serve.run_many([serve.RunTarget(build_app(collection, service, settings, weights), name=settings.app_name,

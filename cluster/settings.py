@@ -21,6 +21,11 @@ class RaySettings(BaseSettings):
         proxy_location: "EveryNode" (a proxy on every node: put a load balancer in front), "HeadOnly" (one
             proxy; several nodes on one machine), or "Disabled".
         app_name: the Serve application name (one per collection).
+        encoder_placement: where queries are encoded: "deployment" (the ``Encoder`` deployment, its own replicas
+            and GPUs: ``@serve.batch`` over the queries of every ingress replica), "ingress" (in each ingress
+            replica, with ``regis serve``'s dynamic batching, ``REGIS_BATCH_*``: no hop for the query's pixels;
+            the faster choice on CPUs, BENCHMARKS.md section 6), or "auto" (default: "deployment" when
+            ``encoder_num_gpus`` > 0, else "ingress").
         encoder_replicas: encoder deployment replicas.
         encoder_num_cpus, encoder_num_gpus: resources per encoder replica (GPU > 0 encodes on CUDA in bf16).
             ``encoder_num_cpus``, ``shard_num_cpus``, ``ingress_num_cpus`` unset (None): sized from the cluster's
@@ -66,6 +71,7 @@ class RaySettings(BaseSettings):
     http_port: int = Field(default=8000, ge=1, le=65535)
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = "EveryNode"
     app_name: str = Field(default="regis", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    encoder_placement: Literal["auto", "ingress", "deployment"] = "auto"
     encoder_replicas: int = Field(default=1, ge=1, le=1024)
     encoder_num_cpus: float | None = Field(default=None, ge=0, le=256)
     encoder_num_gpus: float = Field(default=0.0, ge=0, le=16)
@@ -107,3 +113,7 @@ class RaySettings(BaseSettings):
                                  f"({self.max_batch_size}), else a @serve.batch never fills; raise "
                                  f"REGIS_RAY_{name.upper()} or lower REGIS_RAY_MAX_BATCH_SIZE")
         return self
+
+    def encoder_in_ingress(self) -> bool:
+        """Whether queries are encoded in the ingress (``encoder_placement``)."""
+        return self.encoder_placement == "ingress" or (self.encoder_placement == "auto" and not self.encoder_num_gpus)

@@ -373,3 +373,36 @@ def test_a_collection_without_a_record_opens_searches_equal_and_gets_one_on_its_
     finally:
         engine.close()
     assert _rows(collection) == [(i, f"p{i}.png") for i in range(8)]
+
+
+def test_a_batch_of_searches_makes_one_call_per_shard_and_equals_searching_one_by_one(tmp_path, lite0_index,
+                                                                                   lite0_encoder, photos_dir):
+    """``ShardedQueryEngine.search_tokens_batch`` (the batched server's path, and Ray Serve's: S shard calls for a
+    batch instead of B x S) answers each query as ``search_tokens`` does, filters, offsets and thresholds too."""
+    from regis.retrieve.query import QueryEngine
+    from regis.sharding.engine import LocalShards
+
+    split_index(lite0_index, tmp_path / "c", 3)
+    plain = QueryEngine.open(lite0_index)
+    engine = _engine(tmp_path / "c", lite0_encoder)
+    calls = []
+    shards = engine.shards[0]
+    real_call = shards.call
+    shards.call = lambda method, *args, ref: calls.append(method) or real_call(method, *args, ref=ref)
+    try:
+        queries = np.stack([plain.encode_bytes(p.read_bytes())[0] for p in sorted(photos_dir.iterdir())[:4]])
+        for params in ({"k": 5}, {"k": 4, "mode": "exact", "offset": 2},
+                       {"k": 6, "where": {"file.ext": "png"}, "score_threshold": 2.0}):
+            calls.clear()
+            batch = engine.search_tokens_batch(queries, **params)
+            searches = [c for c in calls if c.startswith("search")]
+            assert searches == ["search_batch"] * 3  # one search call per shard for the 4 queries (then rows)
+            for q, got in zip(queries, batch, strict=True):
+                want = engine.search_tokens(q, **params)
+                assert [h["id"] for h in got["results"]] == [h["id"] for h in want["results"]], params
+                np.testing.assert_allclose([h["score"] for h in got["results"]],
+                                           [h["score"] for h in want["results"]], rtol=0, atol=1e-4)
+        assert isinstance(shards, LocalShards)
+    finally:
+        plain.close()
+        engine.close()

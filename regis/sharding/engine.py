@@ -472,27 +472,52 @@ class ShardedQueryEngine(QueryEngine):
             ConfigError: bad parameters (from any shard).
             ShardsUnavailableError: shards missing with ``on_missing="error"``, or every shard missing.
         """
+        want = self._check(k, offset, where)
+        query = np.ascontiguousarray(tokens, dtype=np.float32)
+        state = self.state  # the whole query reads this one state
+        calls = [self._call(state, s, "search", query, want, depth, mode, nprobe, candidates, where)
+                 for s in range(state.num_shards)]
+        parts, missing = self._gather(state, calls)
+        return self._merged(state, [p for p in parts if p is not None], missing, k, depth, mode, offset,
+                            score_threshold)
+
+    def _check(self, k: int, offset: int, where: dict | None) -> int:
+        """k + offset, checked (and the filter's fields, over the whole collection: a shard may lack one).
+
+        Raises:
+            ConfigError: k + offset past ``MAX_K``, or a filter on a field no image has.
+        """
         want = k + offset
         if want > MAX_K:
             raise ConfigError(f"k + offset must be <= {MAX_K}, got {want}")
         if where:
             from regis.indexes.filters import check_fields
 
-            check_fields(self.snapshot.table, where)  # over the whole collection: a shard may lack a field
-        query = np.ascontiguousarray(tokens, dtype=np.float32)
-        state = self.state  # the whole query reads this one state
-        calls = [self._call(state, s, "search", query, want, depth, mode, nprobe, candidates, where)
-                 for s in range(state.num_shards)]
+            check_fields(self.snapshot.table, where)
+        return want
+
+    def _gather(self, state: CollectionState, calls: list) -> tuple[list, list[int]]:
+        """Each shard's answer (None where missing) and the missing shards.
+
+        Raises:
+            ShardsUnavailableError: shards missing with ``on_missing="error"``, or every shard missing.
+        """
         parts, missing = [], []
         for s, call in enumerate(calls):
             try:
                 parts.append(self._answer(s, call))
             except UnavailableError:
+                parts.append(None)
                 missing.append(s)
         if missing and (self.on_missing == "error" or len(missing) == state.num_shards):
             raise ShardsUnavailableError(f"shards {missing} of {state.num_shards} did not answer; the ranking would "
                                          "be incomplete: retry later", missing)
-        merged = merge_top_k(parts, want)
+        return parts, missing
+
+    def _merged(self, state: CollectionState, parts: list, missing: list[int], k: int, depth: int | None,
+                mode: Mode, offset: int, score_threshold: float | None) -> dict:
+        """The answer of one query from its shards' results (``search_tokens``)."""
+        merged = merge_top_k(parts, k + offset)
         records = {g: r for p in parts for g, r in (getattr(p, "records", None) or {}).items()}  # sent along
         ask = [int(g) for g in merged.ids.tolist() if int(g) not in records]
         if ask:
@@ -504,11 +529,27 @@ class ShardedQueryEngine(QueryEngine):
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
                             nprobe: int | None = None, candidates: str | None = None, threads: int | None = None,
-                            **extra) -> list[dict]:
-        """``search_tokens`` of each of the B queries (B, T, D) float32 (every query fans out on its own;
-        ``threads``, the FAISS threads of ``QueryEngine.search_tokens_batch``, is the shards' own business)."""
-        return [self.search_tokens(q, k=k, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates, **extra)
-                for q in tokens]
+                            where: dict | None = None, offset: int = 0, score_threshold: float | None = None
+                            ) -> list[dict]:
+        """``search_tokens`` of each of the B queries (B, T, D) float32, with ONE call per shard for all of them
+        (``ShardSearcher.search_batch``: one batched FAISS search per shard; on Ray Serve, S calls instead of
+        B x S). ``threads``, the FAISS threads of ``QueryEngine.search_tokens_batch``, is the shards' own business.
+        Each answer equals ``search_tokens``'s.
+
+        Raises:
+            ConfigError: bad parameters (from any shard).
+            ShardsUnavailableError: as ``search_tokens``.
+        """
+        want = self._check(k, offset, where)
+        queries = np.ascontiguousarray(tokens, dtype=np.float32)
+        if not len(queries):
+            return []
+        state = self.state
+        calls = [self._call(state, s, "search_batch", queries, want, depth, mode, nprobe, candidates, where)
+                 for s in range(state.num_shards)]
+        parts, missing = self._gather(state, calls)
+        return [self._merged(state, [p[b] for p in parts if p is not None], missing, k, depth, mode, offset,
+                             score_threshold) for b in range(len(queries))]
 
     def search_id(self, image_id: int, **params) -> dict:
         """"More like this" with the stored tokens of image ``image_id`` (asked of its shard).

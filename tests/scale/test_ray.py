@@ -174,7 +174,10 @@ def ray_app(ray_served, images, tmp_path_factory):
     from cluster.serve import start
     from service.settings import Settings
 
-    settings = RaySettings(**SETTINGS, shard_replicas=2, http_port=_free_port(), app_name="regis-test")
+    # the Encoder deployment (what a GPU gets; tests/scale/test_ray_local.py serves with the CPU default, queries
+    # encoded in the ingress)
+    settings = RaySettings(**SETTINGS, shard_replicas=2, http_port=_free_port(), app_name="regis-test",
+                           encoder_placement="deployment")
     service = Settings(index_dir=ray_served, index_poll_s=0.5, enable_jobs=True, images_root=images,
                        uploads_dir=tmp_path_factory.mktemp("ray-uploads"))
     url = start(ray_served, service, settings)

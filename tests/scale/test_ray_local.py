@@ -36,27 +36,35 @@ TINY = ["--backbone", "vit-tiny-reg4-test", "--random-init"]
 # ----------------------------------------------------------------------------------------------- sizing (no Ray)
 def test_the_default_requests_are_scaled_down_until_every_replica_fits_two_cpus():
     """Today's full shares (1 + 2 x 0.5 + 0.25 = 2.25 CPUs) do not fit 2 CPUs: the ingress waited forever."""
-    sizing = size_requests(RaySettings(), num_shards=2, nodes=[2.0])
+    sizing = size_requests(RaySettings(encoder_placement="deployment"), num_shards=2, nodes=[2.0])
     assert sizing.fits and all(sizing.sized.values())
     c = sizing.cpus
     assert c["encoder"] + 2 * c["shard"] + c["ingress"] <= 2.0
     assert c["encoder"] == pytest.approx(2 * c["shard"], rel=0.01) == pytest.approx(4 * c["ingress"], rel=0.02)
     assert c["encoder"] > 0.7  # scaled by 0.9 steps: no more than needed
-    roomy = size_requests(RaySettings(), num_shards=2, nodes=[8.0])
+    roomy = size_requests(RaySettings(encoder_placement="deployment"), num_shards=2, nodes=[8.0])
     assert roomy.cpus == {"encoder": 1.0, "shard": 0.5, "ingress": 0.25}
+    # the CPU default: queries encoded in the ingress, which gets the encoder's share (1 + 2 x 0.5 fits 2 CPUs)
+    default = size_requests(RaySettings(), num_shards=2, nodes=[2.0])
+    assert default.fits and default.cpus == {"shard": 0.5, "ingress": 1.0}
+    assert size_requests(RaySettings(), num_shards=4, nodes=[2.0]).cpus["ingress"] < 1.0
 
 
 def test_sizing_packs_the_replicas_onto_nodes_and_keeps_explicit_requests():
     # two 1-CPU nodes: the total fits at 0.9 (2.025 > 2: no), but the nodes must hold the replicas too
-    sizing = size_requests(RaySettings(shard_replicas=2), num_shards=2, nodes=[1.0, 1.0])
+    sizing = size_requests(RaySettings(shard_replicas=2, encoder_placement="deployment"), num_shards=2,
+                           nodes=[1.0, 1.0])
     c = sizing.cpus
     assert sizing.fits and fits([c["encoder"]] + [c["shard"]] * 4 + [c["ingress"]], [1.0, 1.0])
-    explicit = size_requests(RaySettings(encoder_num_cpus=1.5), num_shards=2, nodes=[2.0])
+    explicit = size_requests(RaySettings(encoder_num_cpus=1.5, encoder_placement="deployment"), num_shards=2,
+                             nodes=[2.0])
     assert explicit.cpus["encoder"] == 1.5 and not explicit.sized["encoder"] and explicit.fits
     assert explicit.cpus["shard"] * 2 + explicit.cpus["ingress"] <= 0.5
-    stuck = size_requests(RaySettings(encoder_num_cpus=1, shard_num_cpus=0.5, ingress_num_cpus=0.25), 2, [2.0])
+    stuck = size_requests(RaySettings(encoder_num_cpus=1, shard_num_cpus=0.5, ingress_num_cpus=0.25,
+                                      encoder_placement="deployment"), 2, [2.0])
     assert not stuck.fits and stuck.cpus == {"encoder": 1, "shard": 0.5, "ingress": 0.25}
-    busy = size_requests(RaySettings(), num_shards=2, nodes=[2.0], free=1.0)  # a joined cluster, half in use
+    busy = size_requests(RaySettings(encoder_placement="deployment"), num_shards=2, nodes=[2.0],
+                         free=1.0)  # a joined cluster, half in use
     assert busy.fits and sum(busy.cpus[r] * n for r, n in (("encoder", 1), ("shard", 2), ("ingress", 1))) <= 1.0
     assert fits([0.6, 0.6], [1.0, 1.0]) and not fits([0.6, 0.6], [1.1])
 

@@ -33,7 +33,7 @@ def test_serve_start_gets_the_keep_alive_of_regis_serve(tmp_path, monkeypatch):
     settings = RaySettings(http_port=8123)
     cluster.serve.start(tmp_path, Settings(index_dir=tmp_path), settings)
     sized = calls["app"][2]  # the settings the deployments get: CPU requests sized to fit 2 CPUs
-    assert sized.encoder_num_cpus + 2 * sized.shard_num_cpus + sized.ingress_num_cpus <= 2.0
+    assert sized.encoder_in_ingress() and 2 * sized.shard_num_cpus + sized.ingress_num_cpus <= 2.0
     assert calls["wait"][0] == settings.app_name and calls["wait"][2] == settings.start_timeout_s
 
     options = calls["start"]["http_options"]
@@ -58,12 +58,19 @@ def test_every_deployment_gets_its_max_ongoing_requests_from_the_settings(tmp_pa
 
     monkeypatch.setattr(cluster.serve, "read_layout", lambda collection: {"num_shards": 2})
     settings = RaySettings(ingress_max_ongoing_requests=96, encoder_max_ongoing_requests=48,
-                           shard_max_ongoing_requests=80)
+                           shard_max_ongoing_requests=80, encoder_placement="deployment")
     app = cluster.serve.build_app(tmp_path, Settings(index_dir=tmp_path), settings)
     built = ray_build_app(app, name="regis-test")
 
     got = {d.name: d.max_ongoing_requests for d in built.deployments}
     assert got == {"Ingress": 96, "Encoder": 48, "shard-000": 80, "shard-001": 80}
+    # on CPUs (no encoder GPU) queries are encoded in the ingress by default: no Encoder deployment, and the
+    # ingress gets the encoder's CPU share
+    built = ray_build_app(cluster.serve.build_app(tmp_path, Settings(index_dir=tmp_path), RaySettings()),
+                          name="regis-test")
+    assert {d.name: d.ray_actor_options["num_cpus"] for d in built.deployments} == {
+        "Ingress": 1.0, "shard-000": 0.5, "shard-001": 0.5}
+    assert RaySettings(encoder_num_gpus=1).encoder_in_ingress() is False
     assert built.ingress_deployment_name == "Ingress"
     defaults = RaySettings()
     assert min(defaults.ingress_max_ongoing_requests, defaults.encoder_max_ongoing_requests,
