@@ -459,3 +459,56 @@ def test_resharding_2_3_1_on_ray_serve_while_searching_keeps_every_answer(ray_ap
         _assert_same_ranking(body, want[name])
     ready = httpx.get(ray_app + "/readyz", timeout=60).json()
     assert ready["images"] == n and [s["state"] for s in ready["shards"]] == ["ok"]
+
+
+def test_a_snapshot_taken_while_ray_serve_takes_uploads_restores_elsewhere_to_the_same_results(
+        ray_app, ray_served, images, tmp_path):
+    """A snapshot of the collection Ray Serve serves, taken while a client uploads images through it (each upload
+    a collection version), restores in another folder to one published state: exactly the images of that version,
+    and the same exact rankings over them as the live collection (whose later images the ranking leaves out)."""
+    import io
+
+    import httpx
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    from regis.backups.restore import restore
+    from regis.backups.snapshot import snapshot
+    from service.app import create_app
+    from service.settings import Settings
+
+    stop, uploaded = threading.Event(), []
+
+    def uploads() -> None:
+        with httpx.Client(base_url=ray_app, timeout=300) as c:
+            i = 0
+            while not stop.is_set() and i < 12:
+                buf = io.BytesIO()
+                Image.new("RGB", (48, 40), (17 * i % 256, 90, 200 - 9 * i)).save(buf, format="PNG")
+                r = c.post("/v1/images", files={"files": (f"u{i}.png", buf.getvalue(), "image/png")})
+                assert r.status_code == 201, r.text
+                uploaded.append(r.json()["index_version"])
+                i += 1
+
+    writer = threading.Thread(target=uploads)
+    writer.start()
+    try:
+        while len(uploaded) < 2:  # mid-write-loop
+            time.sleep(0.1)
+        report = snapshot(ray_served, tmp_path / "snap.tar")
+    finally:
+        stop.set()
+        writer.join(timeout=300)
+    assert uploaded[1] <= report.version <= uploaded[-1] and len(uploaded) >= 3  # taken amid the write loop
+    restore(tmp_path / "snap.tar", tmp_path / "elsewhere" / "collection")
+    data = sorted(p for p in images.iterdir() if p.is_file())[0].read_bytes()
+    total = httpx.get(ray_app + "/readyz", timeout=60).json()["images"]
+    live = _search(ray_app, data, k=total, mode="exact").json()
+    with TestClient(create_app(Settings(index_dir=tmp_path / "elsewhere" / "collection"))) as restored:
+        ready = restored.get("/readyz").json()
+        assert ready["index_version"] == report.version and ready["images"] == report.images < total
+        got = restored.post("/v1/search", files={"file": ("q.png", data, "image/png")},
+                            params={"k": report.images, "mode": "exact"}).json()
+    kept = {h["id"] for h in got["results"]}
+    assert len(kept) == report.images
+    _assert_same_ranking(got, {"results": [h for h in live["results"] if h["id"] in kept]})
