@@ -44,6 +44,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -230,7 +231,27 @@ def start_ray(index, args, placement: str = "auto"):
     except BaseException:
         stop()
         raise
+    stop.pids = lambda: [pid for node in cluster.nodes for pid in (node.pid, *process_tree(node.pid))]
     return stop, base
+
+
+def process_tree(pid: int) -> list[int]:
+    """Every process below ``pid`` now (Linux ``/proc``: children, their children, ...): a Ray node's GCS, raylet,
+    agents and workers (the Serve replicas), whose CPU the ray mode's "server CPU ms/req" sums."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def mode_env(mode: str, args) -> dict:
@@ -317,9 +338,11 @@ def main() -> None:
             run_level(servers[mode][1] + "/v1/search", payloads, 2, 8)  # warm-up
         for c in [int(x) for x in args.clients.split(",")]:
             for mode in modes:
+                server_pids = pids.get(mode)
+                if server_pids is None and hasattr(servers[mode][0], "pids"):  # ray: every process of the cluster
+                    server_pids = servers[mode][0].pids()
                 row = {"mode": mode, **run_level(servers[mode][1] + "/v1/search", payloads, c,
-                                                 max(args.requests, args.min_requests_per_client * c),
-                                                 pids.get(mode))}
+                                                 max(args.requests, args.min_requests_per_client * c), server_pids)}
                 rows.append(row)
                 print("row:", json.dumps(row), flush=True)
     finally:
