@@ -36,7 +36,7 @@ from conftest import assert_same_json, build  # noqa: E402
 from regis.indexes.snapshot import IndexSnapshot  # noqa: E402
 from regis.sharding.layout import read_layout, shard_dir  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # 4-7 minutes on 2 shared cores: make test-heavy
 
 SHARDS = 2
 PHOTOS = 8
