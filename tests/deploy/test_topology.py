@@ -43,6 +43,7 @@ def _kill_worker_and_its_job(worker, redis_url, job_id):
         pass
 
 
+@pytest.mark.heavy  # API, worker and Redis as processes: the slowest deploy test (~100 s at load 17, 23 s of CPU)
 def test_compose_topology_as_processes(tmp_path, images_root, photos_dir, redis_url, prefix):
     _copies(photos_dir, images_root / "many", 6)
     _copies(photos_dir, images_root / "more", 6)

@@ -113,8 +113,11 @@ def test_ctrl_c_or_sigterm_says_how_far_the_build_got_and_the_next_run_resumes(t
     build(folder, index, tiny_encoder, batch_size=4)  # version 1: three photos
     _folder(photos_dir, tmp_path)  # six more
     release = tmp_path / "release"
+    # SIGINT as in a terminal: a test run in the background (a non-interactive shell's "&") has it ignored, and a
+    # child would inherit that (Python then installs no KeyboardInterrupt handler)
     proc = subprocess.Popen(_build_args(folder, index), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(REGIS_PAUSE_AT="build.batch-reported", REGIS_PAUSE_RELEASE=str(release)))
+                            env=_env(REGIS_PAUSE_AT="build.batch-reported", REGIS_PAUSE_RELEASE=str(release)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not Path(f"{release}.reached").exists():  # the first batch of the six is embedded and staged

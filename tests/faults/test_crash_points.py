@@ -144,6 +144,7 @@ with ShardedWriter(collection, 2, config, encoder.weights_info) as w:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 3 x ~45 s at load 17 (14 s of CPU each); the unsharded commit-window test stays in make test
 @pytest.mark.parametrize("point", ["writer.segment-written", "sharded.shard-renamed", "sharded.record-written"])
 def test_a_sharded_write_killed_inside_the_commit_window_is_seen_whole_or_not_at_all(tmp_path, point):
     """A write of 4 images over both shards of a collection, killed inside its commit: before the collection
