@@ -85,7 +85,7 @@ def get_engine(request: Request) -> QueryEngine:
     live = get_live(request)
     engine = live.engine if live is not None else getattr(request.app.state, "engine", None)
     registry = get_registry(request)
-    if engine is None and get_collection_name(request) is None and registry is not None \
+    if engine is None and registry is not None and get_collection_name(request) in (None, registry.default_name) \
             and registry.default_missing():
         raise registry.no_default_error()
     if engine is None:

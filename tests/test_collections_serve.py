@@ -41,6 +41,8 @@ def test_a_root_without_a_default_collection_serves_its_collections(root, jobs):
         assert error["code"] == "no_default_collection" and error["collections"] == ["photos"]
         assert "photos" in error["message"] and "/v1/collections/{name}/search" in error["message"]
         assert client.get("/v1/images").status_code == 404
+        named = client.post("/v1/collections/default/search", files=query)  # by its name too
+        assert named.status_code == 404 and named.json()["error"]["code"] == "no_default_collection"
         r = client.post("/v1/collections/photos/search", files=query, params={"k": 1})
         assert r.status_code == 200 and r.json()["results"][0]["path"] == "skimage-coffee.png"
         listed = {c["name"]: c["images"] for c in client.get("/v1/collections").json()["collections"]}
