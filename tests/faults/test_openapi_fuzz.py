@@ -24,6 +24,7 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the single slowest test of make test: 27 s of CPU (a server and schemathesis' 37 operations)
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(tmp_path):
     st = shutil.which("st", path=str(Path(sys.executable).parent))
     if st is None:

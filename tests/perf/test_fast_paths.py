@@ -135,6 +135,7 @@ def test_default_ann_search_keeps_the_exact_ranking(tmp_path, corpus, queries, n
     snap.close()
 
 
+@pytest.mark.heavy  # with the next test, the only users of the IVF-PQ index fixture (~21 s of CPU, 90 s at load 17)
 def test_ivf_defaults_keep_the_exact_ranking(ivf_pq_index, queries):
     """IVF candidates with the default nprobe/depth: recall@10 >= 0.99 on float16; the compressed store ("pq",
     2 bits per dimension) with the default refine stays within 0.02 of it (0.002 on the real 384-d tokens,
@@ -155,6 +156,7 @@ def test_ivf_defaults_keep_the_exact_ranking(ivf_pq_index, queries):
     snap.close()
 
 
+@pytest.mark.heavy  # the IVF-PQ index fixture (see above)
 def test_search_batch_equals_search(ivf_pq_index, queries):
     snap = IndexSnapshot.open(ivf_pq_index)
     searcher = Searcher(snap)
@@ -168,6 +170,7 @@ def test_search_batch_equals_search(ivf_pq_index, queries):
     snap.close()
 
 
+@pytest.mark.heavy  # 14 s of CPU, 50 s at load 17
 def test_incremental_commit_reuses_the_codec(tmp_path, corpus):
     path = tmp_path / "inc"
     write_index(path, corpus[:2000], faiss_spec="IVF32,SQ8", token_store="PQ8")
