@@ -15,19 +15,16 @@ are kept.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
-import os
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from regis.duplicates.config import DUPLICATES_DIR
-from regis.errors import IndexLockedError
 from regis.indexes.layout import version_name, write_bytes_atomic
+from regis.indexes.locks import acquire_flock, release_flock
 
 PAIRS_PREFIX = "pairs-"
 KEEP_FILES = 2
@@ -177,17 +174,9 @@ def run_lock(index_dir: Path | str, timeout_s: float = 600.0):
     """
     d = folder(index_dir)
     d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = acquire_flock(d / LOCK_FILE, timeout_s, f"another duplicates run is updating {d}; try again later",
+                       poll_s=0.2)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise IndexLockedError(f"another duplicates run is updating {d}; try again later") from None
-                time.sleep(0.2)
         yield
     finally:
-        os.close(fd)
+        release_flock(fd)

@@ -16,16 +16,15 @@ need not, be ``images_root/.uploads``). The same bytes uploaded twice are one im
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from regis.errors import ConfigError, IndexLockedError
+from regis.errors import ConfigError
+from regis.indexes.locks import acquire_flock, release_flock
 
 UPLOADS_PREFIX = ".uploads/"
 STAGING_DIR = ".staging"
@@ -150,20 +149,12 @@ def uploads_lock(uploads_dir: Path | str, timeout_s: float = 0.0) -> Iterator[No
     """
     folder = Path(uploads_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = acquire_flock(folder / LOCK_FILE, timeout_s, f"another process is changing the uploads in {folder}",
+                       poll_s=0.05)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise IndexLockedError(f"another process is changing the uploads in {folder}") from None
-                time.sleep(0.05)
         yield
     finally:
-        os.close(fd)  # closing the descriptor releases the lock
+        release_flock(fd)
 
 
 def default_uploads_dir(index_dir: Path | str, images_root: Path | str | None) -> Path:

@@ -17,17 +17,15 @@ version live; the leftovers are removed by the next writer.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 
-from regis.errors import ConfigError, IndexFormatError, IndexLockedError, IndexMismatchError
+from regis.errors import ConfigError, IndexFormatError, IndexMismatchError
 from regis.faults import crash_point
 from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
@@ -48,6 +46,7 @@ from regis.indexes.layout import (
     version_name,
     write_current,
 )
+from regis.indexes.locks import acquire_flock, release_flock
 from regis.indexes.manifest import BuddyInfo, FaissInfo, Manifest, SegmentInfo, TokenStoreInfo, read_manifest
 from regis.indexes.npy import load_npy
 from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
@@ -64,19 +63,9 @@ _ADD_CHUNK = 16384  # images per FAISS add call while rebuilding
 
 
 def _acquire_lock(index_dir: Path, timeout_s: float) -> int:
-    fd = os.open(index_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                raise IndexLockedError(
-                    f"another process is writing to the index {index_dir}; try again later"
-                ) from None
-            time.sleep(0.1)
+    """The write lock of an index (or a sharded collection's) folder: ``acquire_flock`` on its lock file."""
+    return acquire_flock(index_dir / LOCK_FILE, timeout_s,
+                         f"another process is writing to the index {index_dir}; try again later")
 
 
 def _published_versions(index_dir: Path) -> list[int]:
@@ -641,6 +630,5 @@ class IndexWriter:
 
     def _release(self) -> None:
         if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            release_flock(self._lock_fd)
             self._lock_fd = None

@@ -21,8 +21,6 @@ nobody and the next re-sharding, which reuses their names, removes them first): 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +31,7 @@ import numpy as np
 from regis.errors import ConfigError
 from regis.faults import crash_point
 from regis.indexes.layout import version_name
+from regis.indexes.locks import release_flock
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.writer import IndexWriter, _acquire_lock
 from regis.sharding.layout import (
@@ -171,5 +170,4 @@ def reshard(collection: Path | str, num_shards: int, lock_timeout_s: float = 300
     finally:
         for w in writers:
             w.abort()
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        os.close(lock)
+        release_flock(lock)

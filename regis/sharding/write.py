@@ -15,9 +15,7 @@ from what the shards hold) or the retried upload job writes the images again.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ import numpy as np
 from regis.errors import ConfigError
 from regis.faults import crash_point
 from regis.indexes.layout import read_current, version_name, write_current
+from regis.indexes.locks import release_flock
 from regis.indexes.manifest import Manifest
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter, _acquire_lock
@@ -241,8 +240,7 @@ class ShardedWriter:
                 w.abort()
         finally:
             if self._lock_fd is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                os.close(self._lock_fd)
+                release_flock(self._lock_fd)
                 self._lock_fd = None
 
 
