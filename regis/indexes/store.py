@@ -1,11 +1,18 @@
-"""The token store: every image's T x D tokens as float16, memory-mapped from immutable segment files.
+"""The token store: every image's T x D tokens as float16, read from immutable segment files.
 
 ``locations[image_id] = (segment index, row)`` says where an image's tokens are; (-1, -1) marks an id
 that is not live (deleted, or never assigned).
+
+Rows are read with ``pread`` (one call per run of consecutive rows), not through a memory map: the pages a
+re-scoring touches then stay in the kernel's page cache without counting in the process's resident memory, and
+the kernel's fault-around does not map 64 KB around each 5 KB row (BENCHMARKS.md section 9: RSS grew 6.4-9.3 KB
+per image in file pages with memory maps).
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +48,10 @@ class TokenStore:
         self.tokens_per_image = tokens_per_image
         self.dim = dim
         self.locations = locations
-        self.segments: list[np.ndarray] = []
+        self._row_bytes = tokens_per_image * dim * np.dtype(TOKEN_DTYPE).itemsize
+        self._fds: list[int] = []  # one read-only descriptor per segment (-1: an empty segment)
+        # closed when the store is collected, never earlier: a search still holding it keeps reading
+        weakref.finalize(self, _close_all, self._fds)
         for seg in segments:
             path = Path(segments_dir) / seg.file
             expected = seg.rows * tokens_per_image * dim * np.dtype(TOKEN_DTYPE).itemsize
@@ -51,12 +61,7 @@ class TokenStore:
                 raise IndexFormatError(f"token segment {path} is missing") from exc
             if size != expected:
                 raise IndexFormatError(f"token segment {path} has {size} bytes, expected {expected}")
-            if seg.rows == 0:
-                self.segments.append(np.zeros((0, tokens_per_image, dim), TOKEN_DTYPE))
-            else:
-                self.segments.append(
-                    np.memmap(path, dtype=TOKEN_DTYPE, mode="r", shape=(seg.rows, tokens_per_image, dim))
-                )
+            self._fds.append(os.open(path, os.O_RDONLY) if seg.rows else -1)
         self._live = np.flatnonzero(locations[:, 0] >= 0) if len(locations) else np.zeros(0, np.int64)
 
     @property
@@ -96,9 +101,26 @@ class TokenStore:
         for seg_index in np.unique(locs[:, 0]):
             sel = np.flatnonzero(locs[:, 0] == seg_index)
             rows = locs[sel, 1]
-            order = np.argsort(rows, kind="stable")  # sequential reads from the memory map
-            out[sel[order]] = self.segments[seg_index][rows[order]]
+            order = np.argsort(rows, kind="stable")  # ascending rows: runs of consecutive ones, one read each
+            out[sel[order]] = self._read_rows(int(seg_index), rows[order])
         return out
+
+    def _read_rows(self, seg_index: int, rows: np.ndarray) -> np.ndarray:
+        """(n, T, D) float16 tokens of ``rows`` (ascending, may repeat) of segment ``seg_index``.
+
+        Raises:
+            IndexFormatError: the segment file ended early (it was truncated after the store opened it).
+        """
+        fd = self._fds[seg_index]
+        if not len(rows):
+            return np.empty((0, self.tokens_per_image, self.dim), dtype=TOKEN_DTYPE)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        buf = np.empty((len(unique), self.tokens_per_image, self.dim), dtype=TOKEN_DTYPE)
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        for start, end in zip(np.r_[0, breaks], np.r_[breaks, len(unique)], strict=True):
+            if not _pread_into(fd, memoryview(buf[start:end]).cast("B"), int(unique[start]) * self._row_bytes):
+                raise IndexFormatError(f"token segment {seg_index} ended before row {int(unique[end - 1])}")
+        return buf if len(unique) == len(rows) else buf[inverse.reshape(-1)]
 
     def iter_chunks(
         self, chunk_size: int = 8192, ids: np.ndarray | None = None
@@ -108,3 +130,27 @@ class TokenStore:
         for start in range(0, len(ids), chunk_size):
             part = ids[start : start + chunk_size]
             yield part, self.get(part)
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> bool:
+    """Fill ``view`` (bytes) from ``fd`` at ``offset`` (bytes); False when the file ends first. One ``preadv``
+    for the whole run (more only where the kernel returns less: past 2 GiB, or a signal), ``pread`` + copy where
+    the platform has no ``preadv``."""
+    done = 0
+    while done < len(view):
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[done:]], offset + done)
+        else:
+            data = os.pread(fd, len(view) - done, offset + done)
+            n = len(data)
+            view[done : done + n] = data
+        if n == 0:
+            return False
+        done += n
+    return True
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
