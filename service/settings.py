@@ -38,7 +38,8 @@ class Settings(BaseSettings):
             torch then only runs the readout, the resize and the rerank; otherwise torch's default).
         query_threads: intra-op threads of each ONNX Runtime query session (REGIS_QUERY_THREADS; None: half the
             cores shared out between the encoder threads, at least 1: ``regis.models.inference.default_onnx_threads``;
-            on the 2-core CPU 1 thread answered ~15 % more requests/s than 2, BENCHMARKS.md section 6).
+            on the 2-core CPU 1 thread answered more requests/s than 2: docs/benchmarks/history.md, "Memory and
+            sessions of the query copy").
         query_runtime: how CNN queries are encoded on CPU (REGIS_QUERY_RUNTIME, ``regis.models.inference``):
             "auto" (default: ONNX Runtime when ``onnxruntime`` is installed; BENCHMARKS.md section 6), "onnx"
             or "torch" (the folded torch copy). Either copy is checked against the encoder's tokens at start-up
@@ -80,7 +81,8 @@ class Settings(BaseSettings):
     Dynamic batching (``service.batched``):
         batch_max_size: concurrent requests encoded in one forward pass and searched in one batched search at
             most (1: no batching, each request alone). 4 by default: on a CPU a bigger batch encodes slower per
-            image (the activations leave the cache; BENCHMARKS.md section 6); on a GPU raise it (32-256).
+            image (the activations leave the cache; docs/benchmarks/history.md, "Encoder throughput against
+            batch size"); on a GPU raise it (32-256).
         batch_max_wait_ms: how long a batch waits for more requests after its first one, ms.
         batch_encode_workers: batched forward passes running at once, each in its own thread with
             ``resolved_torch_threads()`` torch threads (None there: the cores shared out between the workers).

@@ -89,7 +89,8 @@ def check_onnx_threads(threads: int | None) -> int | None:
 def default_onnx_threads(encode_workers: int = 1) -> int:
     """The service's default intra-op threads per ONNX Runtime query session: half the cores shared out between
     the ``encode_workers`` encoder threads, at least 1 (the other half decode, search and answer HTTP; on the
-    2-core CPU 1 thread gave more requests/s than 2, BENCHMARKS.md section 6)."""
+    2-core CPU 1 thread gave more requests/s than 2, docs/benchmarks/history.md,
+    "Memory and sessions of the query copy")."""
     return max(1, (os.cpu_count() or 1) // 2 // max(1, encode_workers))
 
 
