@@ -59,10 +59,16 @@ class ImageFileDataset(Dataset):
 
 
 def collate_items(items: list[dict]) -> dict:
-    """Batch dataset items: ``tensors`` (b, 3, H, W) of the decodable ones, ``ok`` and ``failed`` item lists."""
+    """Batch dataset items: ``tensors`` of the decodable ones, ``ok`` and ``failed`` item lists.
+
+    ``tensors``: (b, 3, H, W) when they share one shape; else (the "aspect" frame) a list of b (3, H_i, W_i)
+    tensors (``regis.models.batching.encode_grouped`` runs one forward per shape); None when none decoded."""
     ok = [it for it in items if it["tensor"] is not None]
     failed = [it for it in items if it["tensor"] is None]
-    tensors = torch.stack([it["tensor"] for it in ok]) if ok else None
+    tensors = None
+    if ok:
+        shapes = {tuple(it["tensor"].shape) for it in ok}
+        tensors = torch.stack([it["tensor"] for it in ok]) if len(shapes) == 1 else [it["tensor"] for it in ok]
     for it in ok:
         it["tensor"] = None  # the stacked copy is enough
     return {"tensors": tensors, "ok": ok, "failed": failed}

@@ -23,6 +23,7 @@ from regis.images.decode import DEFAULT_MAX_PIXELS
 from regis.images.exif import path_facts
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
+from regis.models.batching import encode_grouped
 from regis.models.encoder import RegisEncoder
 from regis.models.transforms import eval_transform
 
@@ -220,7 +221,7 @@ def _embed(writer: IndexWriter, encoder: RegisEncoder, jobs: list[tuple[FileEntr
                 failed_ids.append(image_id)
             if batch["tensors"] is not None:
                 t0 = time.perf_counter()
-                tokens, buddies, grid = encoder.encode_with_buddies(batch["tensors"])
+                tokens, buddies, grid = encode_grouped(encoder, batch["tensors"])
                 tokens, buddies = tokens.cpu().numpy(), buddies.cpu().numpy()
                 report.encode_s += time.perf_counter() - t0
                 records = [image_record(*jobs[item["index"]], item) for item in batch["ok"]]

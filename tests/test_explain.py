@@ -54,7 +54,7 @@ def test_ties_pick_the_first_result_token_like_the_max():
 
 
 # ------------------------------------------------------------------ geometry: grid cells <-> original pixels
-@pytest.mark.parametrize("frame", ["center-crop", "squash", "pad"])
+@pytest.mark.parametrize("frame", ["center-crop", "squash", "pad", "aspect"])
 @pytest.mark.parametrize("size", [(451, 300), (300, 451), (224, 224), (1000, 250), (97, 61)])
 def test_a_painted_grid_box_lands_on_its_cell_after_the_transform(lite0_encoder, size, frame):
     """Paint the box grid_box gives for one cell; the eval transform must put the paint on that cell (and only

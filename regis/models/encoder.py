@@ -19,6 +19,7 @@ from torch import nn
 
 from regis.errors import ConfigError, IndexMismatchError, WeightsError
 from regis.models.cues import CUE_METHODS, CUE_POOLINGS, cnn_cues
+from regis.models.geometry import CNN_STRIDE, is_aspect, roi_input_size
 from regis.models.registry import BackboneSpec, get_backbone_spec
 from regis.models.roi import BORDER_MODES, buddy_patches, check_roi_size, roi_tokens
 from regis.models.weights import (
@@ -41,9 +42,8 @@ DEFAULT_CNN_ROI_SIZE = 1
 # the CNN's stride of 32: 224 -> 160 px, a 5 x 5 map); docs/RESULTS.md, "Hard cases". Manifests without the
 # field read their ROI tokens from the one pass, as before.
 DEFAULT_CNN_ROI_SCALE = 1 / math.sqrt(2)
-CNN_STRIDE = 32
 DEFAULT_ROI_SIZE = 3  # ViTs, as in METHODS.md
-FRAMES = ("center-crop", "squash", "pad")
+FRAMES = ("center-crop", "squash", "pad", "aspect")
 # Query-token layouts (``EncoderConfig.query_layout``): "tokens", the T tokens an image is indexed with;
 # "tokens+roi-cues", those plus the R + 1 cue tokens of the CNN's ROI pass (already run for the ROI tokens, so no
 # extra encoder time): 2(R + 1) + R + 1 = 15 query tokens against the 10 indexed ones. docs/RESULTS.md, "Hard
@@ -76,7 +76,8 @@ class EncoderConfig(BaseModel):
         frame: how an image becomes the square input (``regis.models.transforms``): "center-crop" (shorter
             side to ``resize_size``, then the central square: what indexes without this field used),
             "squash" (the whole frame resized to the square, aspect ratio not kept) or "pad" (the whole frame,
-            aspect ratio kept, padded with the mean colour).
+            aspect ratio kept, padded with the mean colour) or "aspect" (CNNs: the whole frame, aspect ratio kept,
+            short side ``image_size``, long side at most 2x, no square: ``regis.models.geometry``; ViTs: "pad").
         interpolation: torchvision interpolation mode name.
         mean, std: per-channel normalisation.
         query_layout: which tokens a query gets (the index's tokens are the same either way): "tokens" (the
@@ -98,7 +99,7 @@ class EncoderConfig(BaseModel):
     image_size: int = 224
     roi_image_size: int | None = None
     resize_size: int = 224
-    frame: Literal["center-crop", "squash", "pad"] = "center-crop"
+    frame: Literal["center-crop", "squash", "pad", "aspect"] = "center-crop"
     interpolation: str = "bicubic"
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -242,7 +243,8 @@ class RegisEncoder(nn.Module):
 
         Args:
             images: (B, 3, H, W) float, the ``image_size`` input; it is resized by
-                ``config.roi_image_size / config.image_size`` (bicubic, antialiased).
+                ``config.roi_image_size / config.image_size`` (bicubic, antialiased); "aspect" frame: each side
+                rounded to a multiple of 32 px (``regis.models.geometry.roi_input_size``).
 
         Returns:
             ``forward_parts`` of the resized batch: cues (B, R + 1, D), patches (B, P', D), grid (h', w').
@@ -250,8 +252,12 @@ class RegisEncoder(nn.Module):
         size = self.config.roi_image_size
         if size is None or self.config.token_set != "cls+reg+roi":
             return None
-        ratio = size / self.config.image_size
-        out = (max(1, round(images.shape[-2] * ratio)), max(1, round(images.shape[-1] * ratio)))
+        if is_aspect(self.config):
+            rw, rh = roi_input_size(self.config, images.shape[-1], images.shape[-2])
+            out = (rh, rw)
+        else:
+            ratio = size / self.config.image_size
+            out = (max(1, round(images.shape[-2] * ratio)), max(1, round(images.shape[-1] * ratio)))
         small = F.interpolate(images, size=out, mode="bicubic", align_corners=False, antialias=True)
         return self.forward_parts(small)
 
@@ -386,7 +392,7 @@ def build_encoder(
         device: where to put the model; it is returned in eval mode.
         image_size: input side in pixels (crop and resize), CNN backbones only; default: the stored run
             config's, else the registry's (224 for the real backbones).
-        frame: "center-crop", "squash" or "pad" (``EncoderConfig.frame``); default: the stored run config's,
+        frame: "center-crop", "squash", "pad" or "aspect" (``EncoderConfig.frame``); default: the stored run config's,
             else ``DEFAULT_FRAME``.
         roi_image_size: CNN only: side (px) of the second pass the ROI tokens are read from
             (``EncoderConfig.roi_image_size``); 0: one pass. Default: the stored run config's (a run without

@@ -8,7 +8,16 @@ the encoder config's ``frame`` says (configs without the field: "center-crop"):
   starts at ``round((resized - image_size) / 2)``);
 - "squash": the whole frame resized to the square;
 - "pad": the whole frame scaled by ``image_size / max(w, h)`` to ``round(w * s) x round(h * s)`` and pasted at
-  ``((image_size - nw) // 2, (image_size - nh) // 2)`` on a mean-colour square.
+  ``((image_size - nw) // 2, (image_size - nh) // 2)`` on a mean-colour square;
+- "aspect" (CNNs): the whole frame, aspect ratio kept, no square: scaled by
+  ``s = min(image_size / short, ASPECT_MAX_RATIO * image_size / long)`` (the short side at ``image_size``, the
+  long side at most ``ASPECT_MAX_RATIO`` times that; a longer panorama gets a smaller short side, down to
+  ``ASPECT_MIN_SHORT`` times ``image_size``: a strip past 4:1 is squeezed along its length), each side then
+  rounded to a multiple of the CNN's stride (32 px, at least 32) so that the feature map tiles the input exactly
+  (``aspect_input_size``). The ROI pass scales that input by ``roi_image_size / image_size``, again rounded to
+  the stride (``roi_input_size``). The input is the whole image, so a grid cell is ``width / w`` x
+  ``height / h`` original pixels and the patch grid of an image follows from its size alone (``image_grids``).
+  For ViTs "aspect" is "pad" (a fixed square of patches).
 
 The backbone sees the square as an h x w grid of patches, each ``image_size / h`` x ``image_size / w`` input
 pixels. These functions invert the chain, so a ROI token's N x N window (``regis.models.roi.window_bounds``)
@@ -18,6 +27,7 @@ grid cell; a bright square's ROI box covers it: tests/test_explain.py).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from regis.errors import ConfigError
@@ -26,6 +36,76 @@ if TYPE_CHECKING:
     from regis.models.encoder import EncoderConfig
 
 Box = tuple[float, float, float, float]
+CNN_STRIDE = 32  # a CNN backbone's output stride: one feature-map cell per 32 x 32 input pixels
+ASPECT_MAX_RATIO = 2.0  # "aspect" frame: the long side at most this times ``image_size``
+ASPECT_MIN_SHORT = 0.5  # ... and the short side at least this times (rounded to the stride)
+
+
+def is_aspect(config: EncoderConfig) -> bool:
+    """Whether ``config`` feeds the whole, non-square image ("aspect" frame on a CNN)."""
+    return getattr(config, "frame", "center-crop") == "aspect" and config.kind == "cnn"
+
+
+def _to_stride(x: float) -> int:
+    """``x`` pixels to the nearest multiple of ``CNN_STRIDE`` (halves up; float noise ignored), at least one."""
+    return max(CNN_STRIDE, CNN_STRIDE * math.floor(round(x / CNN_STRIDE, 6) + 0.5))
+
+
+def aspect_input_size(config: EncoderConfig, width: int, height: int) -> tuple[int, int]:
+    """The "aspect" frame's input size for a ``width`` x ``height`` image (module docstring).
+
+    Returns:
+        (input width, input height), pixels, multiples of ``CNN_STRIDE``; e.g. 224 px, 2:3 portrait 400 x 600 ->
+        (224, 352); a 16:9 panorama 1920 x 1080 -> (384, 224); a 4:1 strip 2000 x 500 -> (448, 128); a 30:1 strip
+        3000 x 100 -> (448, 128) as well.
+
+    Raises:
+        ConfigError: a non-positive size.
+    """
+    if width < 1 or height < 1:
+        raise ConfigError(f"image size must be positive, got {width} x {height}")
+    size = config.image_size
+    scale = min(size / min(width, height), ASPECT_MAX_RATIO * size / max(width, height))
+    w, h = _to_stride(width * scale), _to_stride(height * scale)
+    floor = _to_stride(ASPECT_MIN_SHORT * size)  # a strip past 4:1 is squeezed along its length instead
+    return (max(w, floor), h) if width < height else (w, max(h, floor))
+
+
+def roi_input_size(config: EncoderConfig, in_width: int, in_height: int) -> tuple[int, int]:
+    """The "aspect" frame's ROI-pass input (``EncoderConfig.roi_image_size``) for an input of ``in_width`` x
+    ``in_height`` pixels: scaled by ``roi_image_size / image_size``, sides rounded to multiples of ``CNN_STRIDE``
+    (224 x 352 -> 160 x 256)."""
+    ratio = config.roi_image_size / config.image_size
+    return _to_stride(in_width * ratio), _to_stride(in_height * ratio)
+
+
+def image_grids(config: EncoderConfig, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """An "aspect" CNN's patch grids for a ``width`` x ``height`` image: ((h, w) of the main pass, (h, w) of the
+    pass the ROI tokens and buddy patches come from; the main pass's when there is no ROI pass).
+
+    Raises:
+        ConfigError: the config is not an "aspect" CNN, or a non-positive size.
+    """
+    if not is_aspect(config):
+        raise ConfigError("patch grids follow from the image size only for the aspect frame of a CNN")
+    iw, ih = aspect_input_size(config, width, height)
+    main = (ih // CNN_STRIDE, iw // CNN_STRIDE)
+    if config.roi_image_size is None or config.token_set != "cls+reg+roi":
+        return main, main
+    rw, rh = roi_input_size(config, iw, ih)
+    return main, (rh // CNN_STRIDE, rw // CNN_STRIDE)
+
+
+def nominal_grid(config: EncoderConfig) -> tuple[int, int]:
+    """The buddy grid an "aspect" CNN's index records in its manifest: the ROI grid of a square image. Its
+    images' buddy patches index each image's own ROI grid (``image_grids``), which ``buddy_grid`` recovers."""
+    return image_grids(config, 1, 1)[1]
+
+
+def buddy_grid(config: EncoderConfig, grid: tuple[int, int], width: int, height: int) -> tuple[int, int]:
+    """The grid a ``width`` x ``height`` image's buddy patches index: ``grid`` (the encoder's or the index's),
+    except for an "aspect" CNN, where each image has its own (``image_grids``)."""
+    return image_grids(config, width, height)[1] if is_aspect(config) else (int(grid[0]), int(grid[1]))
 
 
 def input_region(config: EncoderConfig, width: int, height: int) -> Box:
@@ -46,6 +126,10 @@ def input_region(config: EncoderConfig, width: int, height: int) -> Box:
         raise ConfigError(f"image size must be positive, got {width} x {height}")
     frame = getattr(config, "frame", "center-crop")
     size = config.image_size
+    if frame == "aspect":
+        if config.kind == "cnn":
+            return 0.0, 0.0, float(width), float(height)
+        frame = "pad"
     if frame == "squash":
         return 0.0, 0.0, float(width), float(height)
     if frame == "pad":

@@ -3,7 +3,10 @@
 Evaluation: the image becomes an ``image_size`` square as ``config.frame`` says: "center-crop" =
 Resize(shorter side to ``resize_size``, bicubic) + CenterCrop(``image_size``); "squash" = Resize to
 (``image_size``, ``image_size``), the whole frame, aspect ratio not kept; "pad" = the whole frame resized to fit,
-aspect ratio kept, centred on the mean colour. Then the backbone's mean/std.
+aspect ratio kept, centred on the mean colour; "aspect" (CNNs) = the whole frame resized, aspect ratio kept, to
+``regis.models.geometry.aspect_input_size`` (short side ``image_size``, long side at most twice that, both
+multiples of 32: the tensor is not square, and images of other shapes give other shapes; ViTs: "pad"). Then the
+backbone's mean/std.
 Training (regis.training): RandomResizedCrop(``image_size``, scale 0.2..1) + horizontal flip + the same
 normalisation.
 """
@@ -26,13 +29,21 @@ def eval_transform(config: EncoderConfig):
     """The deterministic transform used for indexing and queries.
 
     Returns:
-        A callable PIL.Image (RGB) -> (3, image_size, image_size) float32 tensor.
+        A callable PIL.Image (RGB) -> (3, image_size, image_size) float32 tensor; for the "aspect" frame of a CNN
+        (3, H, W) with (W, H) = ``aspect_input_size(config, width, height)`` (batch such tensors by shape:
+        ``regis.models.batching``).
     """
     from torchvision import transforms as T
 
+    from regis.models.geometry import is_aspect
+
     frame = getattr(config, "frame", "center-crop")
     size, interp = config.image_size, _interp(config.interpolation)
-    if frame == "squash":
+    if frame == "aspect" and not is_aspect(config):
+        frame = "pad"  # a ViT's fixed square of patches
+    if frame == "aspect":
+        geometry = [_AspectResize(config, interp)]
+    elif frame == "squash":
         geometry = [T.Resize((size, size), interpolation=interp)]
     elif frame == "pad":
         geometry = [_PadToSquare(size, config.mean, interp)]
@@ -65,6 +76,21 @@ class _PadToSquare:
         canvas = Image.new("RGB", (self.size, self.size), self.fill)
         canvas.paste(resized, ((self.size - nw) // 2, (self.size - nh) // 2))
         return canvas
+
+
+class _AspectResize:
+    """PIL image -> PIL image of ``aspect_input_size(config, w, h)``: the whole frame, aspect ratio kept."""
+
+    def __init__(self, config: EncoderConfig, interpolation):
+        self.config, self.interpolation = config, interpolation
+
+    def __call__(self, img):
+        from torchvision.transforms import functional as TF
+
+        from regis.models.geometry import aspect_input_size
+
+        w, h = aspect_input_size(self.config, *img.size)
+        return TF.resize(img, [h, w], interpolation=self.interpolation)
 
 
 def train_transform(config: EncoderConfig, scale: tuple[float, float] = (0.2, 1.0)):

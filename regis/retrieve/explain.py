@@ -26,7 +26,7 @@ from regis.errors import ImageDecodeError, RegisError
 from regis.images.decode import decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.models.encoder import EncoderConfig
-from regis.models.geometry import input_region
+from regis.models.geometry import buddy_grid, input_region
 from regis.scores.explain import patch_heatmap, token_box, token_matches, token_names
 
 
@@ -121,7 +121,8 @@ def query_json(config: EncoderConfig, query: EncodedImage) -> dict:
     """The query's tokens: name, kind and, for ROI tokens, the box of their window in the query's pixels."""
     names = token_names(config.num_registers, len(query.tokens))
     return {
-        "width": query.width, "height": query.height, "grid": list(query.grid) if query.grid else None,
+        "width": query.width, "height": query.height,
+        "grid": list(buddy_grid(config, query.grid, query.width, query.height)) if query.grid else None,
         "tokens": [
             {"index": i, "name": name, "kind": kind,
              "box": _box(token_box(config, query.grid, query.buddies, i, query.width, query.height))}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from regis.errors import ConfigError
-from regis.models.geometry import Box, grid_box
+from regis.models.geometry import Box, buddy_grid, grid_box
 from regis.models.roi import window_bounds
 
 
@@ -96,7 +96,8 @@ def token_box(
 
     Args:
         config: the ``EncoderConfig`` (R, N, border, resize and crop sizes).
-        grid: (h, w) patch grid the buddies index.
+        grid: (h, w) patch grid the buddies index (an "aspect" CNN: ignored, each image's buddies index its
+            own grid, ``regis.models.geometry.buddy_grid``).
         buddies: (R + 1,) int, the image's buddy patches (-1: unknown), or None when the index has none.
         position: token position in the layout.
         width, height: the image's size, pixels.
@@ -107,6 +108,7 @@ def token_box(
     cue = roi_cue(position, config.num_registers)
     if cue is None or buddies is None or cue >= len(buddies) or int(buddies[cue]) < 0:
         return None
+    grid = buddy_grid(config, grid, width, height)  # an "aspect" CNN: the image's own grid
     window = window_bounds(int(buddies[cue]), grid, config.roi_size, config.border)
     return grid_box(config, grid, window, width, height)
 
