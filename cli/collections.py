@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.options import Backbone, CollectionsRootOpt, RandomInit, Weights
+from cli.options import Backbone, CollectionsRootOpt, Frame, QueryLayout, RandomInit, Weights
 
 app = typer.Typer(help="Create, list, describe, delete, snapshot and restore collections (named indexes under one "
                        "root).",
@@ -24,6 +24,8 @@ def create(
     backbone: Backbone = None,
     weights: Weights = None,
     random_init: RandomInit = False,
+    frame: Frame = None,
+    query_layout: QueryLayout = None,
     description: Annotated[str, typer.Option("--description", help="Free text.")] = "",
 ) -> None:
     """Create an empty collection that will embed with the given backbone (default efficientnet-lite0-regis)."""
@@ -31,7 +33,8 @@ def create(
     from regis.indexes.collections import CollectionConfig
 
     config = CollectionConfig(backbone=backbone, weights=str(weights) if weights else None,
-                              random_init=random_init, description=description)
+                              random_init=random_init, frame=frame, query_layout=query_layout,
+                              description=description)
     path = collections_root(root).create(name, config)
     typer.echo(f"collection {name} created in {path}")
 

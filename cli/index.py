@@ -15,6 +15,8 @@ from cli.options import (
     CollectionsRootOpt,
     CueMethod,
     Device,
+    Frame,
+    QueryLayout,
     RandomInit,
     RoiImageSize,
     RoiSize,
@@ -46,6 +48,8 @@ def build(
     roi_size: RoiSize = None,
     cue_method: CueMethod = None,
     roi_image_size: RoiImageSize = None,
+    frame: Frame = None,
+    query_layout: QueryLayout = None,
     device: Device = "cpu",
     faiss_index: Annotated[
         str | None, typer.Option("--faiss-index", help="FAISS factory spec (e.g. Flat, IVF1024,SQ8); default by size.")
@@ -91,21 +95,24 @@ def build(
                           "are single-machine options")
     index = index_dir_for(index, collection, root)
     if collection is not None:
-        backbone, weights, random_init = _collection_encoder(collection, root, backbone, weights, random_init)
+        backbone, weights, random_init, frame, query_layout = _collection_encoder(
+            collection, root, backbone, weights, random_init, frame, query_layout)
     rows = load_metadata_file(metadata) if metadata else None
     if ray:
         from cluster.cli import build_ray_cli
 
         build_ray_cli(images_dir, index, shards, dict(backbone=backbone, weights=weights, random_init=random_init,
                                                       roi_size=roi_size, cue_method=cue_method, device=device,
-                                                      roi_image_size=roi_image_size),
+                                                      roi_image_size=roi_image_size, frame=frame,
+                                                      query_layout=query_layout),
                       dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store,
                            metadata=rows),
                       batch_size, as_json)
         return
     from indexer.build import BuildOptions, build_index
 
-    encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device, roi_image_size)
+    encoder = encoder_for(index, backbone, weights, random_init, roi_size, cue_method, device, roi_image_size,
+                          frame, query_layout)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
                            candidates=candidates,
@@ -145,21 +152,26 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _collection_encoder(collection: str, root: Path | None, backbone, weights, random_init) -> tuple:
-    """(backbone, weights, random_init) of a build into collection ``collection``: the collection is created
-    with the given encoder if missing; an existing one's own encoder unless another is given."""
+def _collection_encoder(collection: str, root: Path | None, backbone, weights, random_init, frame=None,
+                        query_layout=None) -> tuple:
+    """(backbone, weights, random_init, frame, query_layout) of a build into collection ``collection``: the
+    collection is created with the given encoder if missing; an existing one's own encoder unless another is
+    given."""
     from cli.options import collections_root
     from regis.indexes.collections import CollectionConfig
 
     collections = collections_root(root)
     if not collections.exists(collection):
         collections.create(collection, CollectionConfig(backbone=backbone, random_init=random_init,
-                                                        weights=str(weights) if weights else None))
-    elif backbone is None and weights is None and not random_init:  # the collection's own encoder
+                                                        weights=str(weights) if weights else None, frame=frame,
+                                                        query_layout=query_layout))
+    elif (backbone is None and weights is None and not random_init and frame is None
+          and query_layout is None):  # the collection's own encoder
         config = collections.config(collection)
         backbone, random_init = config.backbone, config.random_init
         weights = Path(config.weights) if config.weights else None
-    return backbone, weights, random_init
+        frame, query_layout = config.frame, config.query_layout
+    return backbone, weights, random_init, frame, query_layout
 
 
 @app.command("info")

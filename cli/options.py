@@ -28,6 +28,18 @@ RoiImageSize = Annotated[
                  "read from; 0: one pass (encoding 1.4-1.5x faster, weaker on hard cases: docs/RESULTS.md "
                  "section 4). Default: 160 px for a 224 px input."),
 ]
+Frame = Annotated[
+    str | None,
+    typer.Option("--frame", help="How an image becomes the encoder's input: center-crop (default: the central "
+                 "square), pad, squash, or aspect (CNNs: the whole image, aspect ratio kept; ViTs: pad). "
+                 "Recorded in the index; its queries use it. docs/RESULTS.md, \"Framing\"."),
+]
+QueryLayout = Annotated[
+    str | None,
+    typer.Option("--query-layout", help="A query's tokens: tokens (the 10 indexed ones) or tokens+roi-cues (CNN "
+                 "with a ROI pass: + the 5 cues of that pass, the default for new CNN indexes). Recorded in the "
+                 "index; its queries use it."),
+]
 CueMethod = Annotated[
     str | None, typer.Option("--cue-method", help="CNN backbones: grid (default), kmeans or attention.")
 ]

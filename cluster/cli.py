@@ -60,7 +60,12 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     existing = collection if is_sharded(collection) else None  # encoder_for: its first shard with a version
     o = encoder_options
     encoder = encoder_for(existing, o["backbone"], o["weights"], o["random_init"], o["roi_size"], o["cue_method"],
-                          o["device"], o.get("roi_image_size"))
+                          o["device"], o.get("roi_image_size"), o.get("frame"), o.get("query_layout"))
+    from regis.errors import ConfigError
+    from regis.models.geometry import is_aspect
+
+    if is_aspect(encoder.config):
+        raise ConfigError("--ray builds take square inputs only: the aspect frame is built without --ray")
     settings = RaySettings(build_batch_size=batch_size)
     with RayConnection(settings, say=_say):
         from cluster.build import build_ray

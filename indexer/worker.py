@@ -28,7 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from regis.errors import ConfigError, IndexLockedError, RegisError
 from regis.jobs.model import JobError, JobSpec, error_code
 from regis.jobs.names import DEFAULT_PREFIX, RedisNames
-from regis.settings_types import RedisPrefix, RedisURL, TorchDevice
+from regis.settings_types import FrameName, QueryLayoutName, RedisPrefix, RedisURL, TorchDevice
 
 log = logging.getLogger("regis.worker")
 
@@ -46,6 +46,7 @@ class WorkerSettings(BaseSettings):
         uploads_dir: where uploads are stored (default: ``images_root/.uploads``, else ``index_dir/uploads``).
         backbone, weights, random_init: the encoder for a new index (an existing index's own encoder
             otherwise; see ``regis.options.encoder_for``).
+        frame, query_layout: that encoder's (None: its defaults; a collection's config sets them).
         device: torch device for encoding.
         build_batch_size: images per forward pass.
         build_workers: DataLoader decoding processes (None: min(4, CPUs) for large jobs).
@@ -73,6 +74,8 @@ class WorkerSettings(BaseSettings):
     backbone: str | None = None
     weights: Path | None = None
     random_init: bool = False
+    frame: FrameName | None = None
+    query_layout: QueryLayoutName | None = None
     device: TorchDevice = "cpu"
     build_batch_size: int = Field(default=32, ge=1, le=4096)
     build_workers: int | None = Field(default=None, ge=0, le=64)
@@ -113,7 +116,7 @@ def _encoder(settings: WorkerSettings):
 
     set_torch_threads(settings.torch_threads)
     return encoder_for(settings.index_dir, settings.backbone, settings.weights, settings.random_init, None, None,
-                       settings.device)
+                       settings.device, frame=settings.frame, query_layout=settings.query_layout)
 
 
 def _collection_settings(settings: WorkerSettings, collection: str | None) -> WorkerSettings:

@@ -14,13 +14,16 @@ def encoder_for(
     cue_method: str | None,
     device: str,
     roi_image_size: int | None = None,
+    frame: str | None = None,
+    query_layout: str | None = None,
 ):
     """The encoder a command should use.
 
     With no encoder option given and an existing index: the index's own encoder (rebuilt from its manifest and
     checked against its weights checksum; a sharded collection's: its first shard with a version). Otherwise:
     the encoder the options describe (``regis.models.encoder.build_encoder``; ``roi_image_size`` 0 means one
-    backbone pass).
+    backbone pass; ``frame`` and ``query_layout``: ``EncoderConfig``'s, e.g. "aspect" and "tokens"). An index keeps
+    the frame and query layout its manifest records: its queries are encoded with them.
     """
     from regis.errors import IndexFormatError
     from regis.indexes.layout import VERSIONS_DIR, read_current
@@ -36,15 +39,16 @@ def encoder_for(
             index_dir = None
 
     no_options = (backbone is None and weights is None and not random_init and roi_size is None
-                  and cue_method is None and roi_image_size is None)
+                  and cue_method is None and roi_image_size is None and frame is None and query_layout is None)
     current = read_current(index_dir) if index_dir is not None and index_dir.is_dir() else None
     if current is not None and (no_options or (weights is not None and backbone is None and roi_size is None
-                                                   and roi_image_size is None)):
+                                                   and roi_image_size is None and frame is None
+                                                   and query_layout is None)):
         manifest = read_manifest(index_dir / VERSIONS_DIR / current)
         stored = stored_weights(index_dir, manifest.weights)
         return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device,
                                      stored=str(stored) if stored else None)
     return build_encoder(
         backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, roi_size=roi_size,
-        cue_method=cue_method, device=device, roi_image_size=roi_image_size,
+        cue_method=cue_method, device=device, roi_image_size=roi_image_size, frame=frame, query_layout=query_layout,
     )

@@ -40,5 +40,8 @@ RedisPrefix = Annotated[str, AfterValidator(_check_redis_prefix)]
 """The prefix of every Redis key, queue and channel of one deployment (``regis.jobs.names.check_prefix``)."""
 
 QueryRuntime = Literal["auto", "onnx", "torch"]
+# the encoder's frame and query layout (``regis.models.encoder.FRAMES``, ``QUERY_LAYOUTS``) as settings and fields
+FrameName = Literal["center-crop", "squash", "pad", "aspect"]
+QueryLayoutName = Literal["tokens", "tokens+roi-cues"]
 """How CNN queries are encoded on CPU (``regis.models.inference``): ONNX Runtime when installed ("auto"), ONNX
 Runtime ("onnx") or the folded torch copy ("torch")."""

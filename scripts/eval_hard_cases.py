@@ -14,9 +14,16 @@ module). Three scorers over one backbone pass of the same encoder:
 Per query kind: Recall@1 and Recall@5 (a relevant item in the top K) and mAP (average precision over the
 relevant set, the whole gallery ranked).
 
+``--aspect-photos DIR`` adds portrait and panoramic photos (issue 29: the ``end-crop`` and ``mid-crop`` kinds,
+``regis.data.hard_cases``): the ``--aspect-count`` most elongated of each orientation in DIR (a corpus of
+``regis photos --source debian``: its "scene" photos only; ties by name), 16 gallery items each. With the
+"aspect" frame (non-square inputs of several shapes) the ``dense`` scorer is left out (its vectors per image
+differ).
+
 Usage:
     python scripts/eval_hard_cases.py [--backbone efficientnet-lite0] [--repeats 3] [--seed 0 [1 2 3]]
         [--frame ...] [--image-size ...] [--roi-size ...] [--cue-method ...] [--cue-pooling ...] [--json OUT.json]
+        [--aspect-photos DIR [--aspect-count 8]]
 
     The encoder defaults (GeM pooling, N = 1, ROI tokens from a 160 px pass for CNNs) are the "after"; the
     "before" (mean pooling, N = 3, one pass): python scripts/eval_hard_cases.py --roi-size 3 --cue-pooling mean
@@ -38,9 +45,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from regis.data.hard_cases import QUERY_KINDS, HardSet, build_hard_set, skimage_data_dir
+from regis.data.hard_cases import MIN_ELONGATION, QUERY_KINDS, HardSet, build_hard_set, skimage_data_dir
 from regis.data.sample_photos import collect_sample_photos
+from regis.models.batching import shape_groups
 from regis.models.encoder import RegisEncoder, build_encoder
+from regis.models.geometry import is_aspect
 from regis.models.transforms import eval_transform
 from regis.scores.maxsim import maxsim_scores
 from training.evaluation.intervals import paired_bootstrap, wilson_interval  # noqa: F401 (re-exported)
@@ -80,6 +89,32 @@ def scorer_tokens(encoder: RegisEncoder, parts, roi_parts=None, query: bool = Fa
         if encoder.config.query_layout != "tokens":
             name = f"maxsim-q{encoder.config.query_tokens_per_image}"
             out[name] = encoder.query_readout(cues, patches, grid, roi_parts=roi_parts) if query else tokens
+    return out
+
+
+def aspect_scorer_tokens(encoder: RegisEncoder, images: list[Image.Image], query: bool = False,
+                         batch: int = 16) -> dict[str, torch.Tensor]:
+    """``scorer_tokens`` for an encoder whose inputs differ in shape (the "aspect" frame): both backbone passes per
+    group of one shape (``regis.models.batching.shape_groups``), the tokens put back in input order; no ``dense``."""
+    tf = eval_transform(encoder.config)
+    out: dict[str, torch.Tensor] = {}
+    with torch.inference_mode():
+        for positions, pixels in shape_groups([tf(im) for im in images]):
+            for i in range(0, len(positions), batch):
+                x = pixels[i : i + batch]
+                parts, roi = encoder.forward_parts(x), encoder.forward_roi_parts(x)
+                parts = (parts[0].float(), parts[1].float(), parts[2])
+                roi = None if roi is None else (roi[0].float(), roi[1].float(), roi[2])
+                tokens = encoder.readout(*parts, roi_parts=roi)
+                got = {"maxsim-10": tokens, "global": tokens[:, :1]}
+                if encoder.config.query_layout != "tokens":
+                    name = f"maxsim-q{encoder.config.query_tokens_per_image}"
+                    got[name] = encoder.query_readout(*parts, roi_parts=roi) if query else tokens
+                rows = torch.as_tensor(positions[i : i + batch])
+                for name, t in got.items():
+                    if name not in out:
+                        out[name] = t.new_zeros((len(images), *t.shape[1:]))
+                    out[name][rows] = t
     return out
 
 
@@ -149,9 +184,12 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
     ``known``: {scorer: metrics} already computed on the same backbone pass (the dense reference does not
     depend on the readout), not recomputed."""
     gi, qi = [it.image for it in hard.gallery], [it.image for it in hard.queries]
-    g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, gi), backbone_pass(encoder, gi, roi=True))
-    q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, qi), backbone_pass(encoder, qi, roi=True),
-                      query=True)
+    if is_aspect(encoder.config):
+        g, q = aspect_scorer_tokens(encoder, gi), aspect_scorer_tokens(encoder, qi, query=True)
+    else:
+        g = scorer_tokens(encoder, gallery_parts or backbone_pass(encoder, gi), backbone_pass(encoder, gi, roi=True))
+        q = scorer_tokens(encoder, query_parts or backbone_pass(encoder, qi), backbone_pass(encoder, qi, roi=True),
+                          query=True)
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
     hits = {name: query_hits(maxsim_scores(q[name], g[name], chunk_size=16), hard.relevance)
@@ -174,12 +212,47 @@ def print_table(result: dict, title: str = "") -> None:
         print(f"{name:10s} {result['vectors_per_image'][name]:4d}{cells}")
 
 
-def load_hard_set(repeats: int, seed: int) -> tuple[HardSet, int]:
-    """The hard set from the bundled photos; returns it and the number of photos."""
+def select_aspect_photos(folder: Path, count: int, min_side: int = 300) -> list[Path]:
+    """The ``count`` most elongated portrait and the ``count`` most elongated panoramic photos under ``folder``
+    (long side >= ``MIN_ELONGATION`` x the short one, short side >= ``min_side`` px; ties by name). A corpus
+    folder of ``regis photos --source debian`` (``corpus.json``): its "scene" photos only.
+
+    Raises:
+        ConfigError: the folder holds no such photo.
+    """
+    from regis.errors import ConfigError
+
+    corpus = folder / "corpus.json"
+    if corpus.is_file():
+        records = json.loads(corpus.read_text())["photos"]
+        sizes = {folder / r["file"]: (r["width"], r["height"]) for r in records if r.get("kind") == "scene"}
+    else:
+        sizes = {}
+        for path in sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp")):
+            with Image.open(path) as im:
+                sizes[path] = im.size
+    tall = [(h / w, p) for p, (w, h) in sizes.items() if h >= MIN_ELONGATION * w and w >= min_side]
+    wide = [(w / h, p) for p, (w, h) in sizes.items() if w >= MIN_ELONGATION * h and h >= min_side]
+    chosen = [p for group in (tall, wide) for _, p in sorted(group, key=lambda t: (-t[0], t[1].name))[:count]]
+    if not chosen:
+        raise ConfigError(f"no portrait or panoramic photo (>= {MIN_ELONGATION}:1, short side >= {min_side} px) "
+                          f"in {folder}")
+    return chosen
+
+
+def load_hard_set(repeats: int, seed: int, aspect_photos: list[Path] | None = None) -> tuple[HardSet, int]:
+    """The hard set from the bundled photos (and ``aspect_photos``, copied under the name
+    ``aspect-<file name>``); returns it and the number of photos."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = collect_sample_photos(Path(tmp))
-        hard = build_hard_set(paths, repeats=repeats, seed=seed, stereo_dir=skimage_data_dir())
-    return hard, len(paths)
+        extra = []
+        for src in aspect_photos or []:
+            dst = Path(tmp) / "aspect" / f"aspect-{src.name}"
+            dst.parent.mkdir(exist_ok=True)
+            dst.write_bytes(src.read_bytes())
+            extra.append(dst)
+        hard = build_hard_set(paths, repeats=repeats, seed=seed, stereo_dir=skimage_data_dir(), aspect_photos=extra)
+    return hard, len(paths) + len(extra)
 
 
 def add_encoder_args(ap: argparse.ArgumentParser) -> None:
@@ -189,12 +262,95 @@ def add_encoder_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cue-method", default=None)
     ap.add_argument("--roi-size", type=int, default=None)
     ap.add_argument("--image-size", type=int, default=None)
-    ap.add_argument("--frame", default=None, help="center-crop, squash or pad (default: the encoder's)")
+    ap.add_argument("--frame", default=None, help="center-crop, squash, pad or aspect (default: the encoder's)")
     ap.add_argument("--cue-pooling", default=None, help="mean or gem (CNN; default: the encoder's)")
     ap.add_argument("--roi-image-size", type=int, default=None,
                     help="CNN: side (px) of the second pass the ROI tokens come from; 0: one pass")
     ap.add_argument("--query-layout", default=None,
                     help="tokens or tokens+roi-cues: the query's tokens (default: the encoder's)")
+
+
+def frame_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndarray, reference: str) -> str:
+    """Recall@1 per kind for each frame ({frame: (Q,) 0/1 over the same queries}) with its 95 % Wilson interval,
+    and each frame minus ``reference`` with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``)."""
+    others = [f for f in hits if f != reference]
+    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{f + ' R@1 [95 %]':>26s}" for f in hits)
+    head += "".join(f"{f + ' - ' + reference + ' [95 %]':>36s}" for f in others)
+    lines = [head]
+    for kind in ("all", *QUERY_KINDS):
+        sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
+        if not sel.any():
+            continue
+        n = int(sel.sum())
+        row = f"{kind:11s} {n:4d}"
+        for f in hits:
+            lo, hi = wilson_interval(hits[f][sel].sum(), n)
+            row += f"{hits[f][sel].mean():11.3f} [{lo:.3f}, {hi:.3f}]"
+        for f in others:
+            d, lo, hi = paired_bootstrap(hits[f][sel], hits[reference][sel], photos[sel])
+            row += f"{d:+17.3f} [{lo:+.3f}, {hi:+.3f}]"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def compare_frames(args) -> int:
+    """``--frames``: the same hard set (per seed) through one encoder per frame; per-query Recall@1 of the
+    scorer searches rank by (``maxsim-q15`` for a CNN with the 15-token query, else ``maxsim-10``) and of the
+    global token, pooled over the seeds, each frame against the first; JSON with every query's hits."""
+    encoders = {f: build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
+                                 cue_method=args.cue_method, image_size=args.image_size, frame=f,
+                                 cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size,
+                                 query_layout=args.query_layout) for f in args.frames}
+    first = next(iter(encoders.values())).config
+    scorer = f"maxsim-q{first.query_tokens_per_image}" if first.query_layout != "tokens" else "maxsim-10"
+    aspect = select_aspect_photos(args.aspect_photos, args.aspect_count) if args.aspect_photos else None
+    if aspect:
+        print("aspect photos: " + ", ".join(p.name for p in aspect))
+    out = {"command": "python " + " ".join(sys.argv), "scorer": scorer, "seeds": args.seed,
+           "aspect_photos": [p.name for p in aspect or []],
+           "encoders": {f: e.config.model_dump() for f, e in encoders.items()},
+           "weights": next(iter(encoders.values())).weights_info.source, "queries": [], "hits": {}, "metrics": {}}
+    hits: dict[str, dict[str, list]] = {f: {scorer: [], "global": []} for f in encoders}
+    for seed in args.seed:
+        hard, n_photos = load_hard_set(args.repeats, seed, aspect)
+        print(f"seed {seed}: {n_photos} photos, gallery {len(hard.gallery)}, {len(hard.queries)} queries", flush=True)
+        out["queries"] += [{"seed": seed, "kind": q.kind, "photo": q.photo} for q in hard.queries]
+        for f, enc in encoders.items():
+            t0 = time.perf_counter()
+            result = evaluate(enc, hard)
+            for name in (scorer, "global"):
+                hits[f][name] += result["hits"][name]["R@1"]
+            out["metrics"].setdefault(str(seed), {})[f] = result["metrics"]
+            print(f"  {f}: {time.perf_counter() - t0:.0f} s; all R@1 {result['metrics'][scorer]['all']['R@1']:.3f}",
+                  flush=True)
+    kinds = np.array([q["kind"] for q in out["queries"]])
+    photos = np.array([f"{q['photo']}" for q in out["queries"]])
+    reference = args.frames[0]
+    for name in (scorer, "global"):
+        table = frame_table({f: np.asarray(hits[f][name]) for f in encoders}, kinds, photos, reference)
+        print(f"\nRecall@1 ({name}) pooled over seeds {' '.join(map(str, args.seed))}, each frame minus {reference}:")
+        print(table)
+    out["hits"] = {f: {name: [int(v) for v in h] for name, h in hs.items()} for f, hs in hits.items()}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out) + "\n")
+    return 0
+
+
+def pool_frames(files: list[Path]) -> int:
+    """``--pool``: the frame tables of several ``--frames`` JSON files (other seeds of the same set) together."""
+    docs = [json.loads(Path(f).read_text()) for f in files]
+    scorer = docs[0]["scorer"]
+    frames = list(docs[0]["hits"])
+    queries = [q for d in docs for q in d["queries"]]
+    kinds = np.array([q["kind"] for q in queries])
+    photos = np.array([q["photo"] for q in queries])
+    seeds = [s for d in docs for s in d["seeds"]]
+    for name in (scorer, "global"):
+        hits = {f: np.concatenate([np.asarray(d["hits"][f][name]) for d in docs]) for f in frames}
+        print(f"\nRecall@1 ({name}) pooled over seeds {' '.join(map(str, seeds))}, each frame minus {frames[0]}:")
+        print(frame_table(hits, kinds, photos, frames[0]))
+    return 0
 
 
 def main() -> int:
@@ -206,18 +362,33 @@ def main() -> int:
                          "95 %% intervals (Wilson; differences: bootstrap over the source photos)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument("--aspect-photos", type=Path, default=None,
+                    help="folder of portrait / panoramic photos (a `regis photos --source debian` corpus) for "
+                         "the end-crop and mid-crop kinds")
+    ap.add_argument("--aspect-count", type=int, default=8, help="photos of each orientation taken from it")
+    ap.add_argument("--frames", nargs="+", default=None,
+                    help="compare these frames (the first is the reference) on the same set: Recall@1 per kind "
+                         "with intervals; --json keeps every query's hits")
+    ap.add_argument("--pool", nargs="+", type=Path, default=None, help="pool the tables of --frames JSON files")
     args = ap.parse_args()
 
+    if args.pool:
+        return pool_frames(args.pool)
     torch.set_num_threads(args.threads)
+    if args.frames:
+        return compare_frames(args)
     encoder = build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                             cue_method=args.cue_method, image_size=args.image_size, frame=args.frame,
                             cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size,
                             query_layout=args.query_layout)
     cfg = encoder.config
+    aspect = select_aspect_photos(args.aspect_photos, args.aspect_count) if args.aspect_photos else None
+    if aspect:
+        print("aspect photos: " + ", ".join(p.name for p in aspect))
     runs, kinds, photos = [], [], []
     for seed in args.seed:
         t0 = time.perf_counter()
-        hard, n_photos = load_hard_set(args.repeats, seed)
+        hard, n_photos = load_hard_set(args.repeats, seed, aspect)
         result = evaluate(encoder, hard)
         elapsed = time.perf_counter() - t0
         print(f"hard cases: {n_photos} photos, gallery {len(hard.gallery)} items (16 per photo), "
@@ -225,7 +396,8 @@ def main() -> int:
         print(f"encoder {cfg.model_dump_json()} ({encoder.weights_info.source}); seed {seed}; "
               f"{platform.machine()}, torch {torch.__version__}, {elapsed:.0f} s")
         print_table(result)
-        runs.append({"command": "python " + " ".join(sys.argv), "photos": n_photos, "gallery": len(hard.gallery),
+        runs.append({"command": "python " + " ".join(sys.argv), "photos": n_photos,
+                     "aspect_photos": [p.name for p in aspect or []], "gallery": len(hard.gallery),
                      "queries": len(hard.queries), "repeats": args.repeats, "seed": seed,
                      "encoder": cfg.model_dump(), "weights": encoder.weights_info.source, **result})
         kinds += [it.kind for it in hard.queries]

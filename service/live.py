@@ -79,7 +79,8 @@ class LiveIndex:
         from regis.index_encoder import encoder_for
 
         s = self.settings
-        return encoder_for(self.index_dir, s.backbone, s.weights, s.random_init, None, None, s.device)
+        return encoder_for(self.index_dir, s.backbone, s.weights, s.random_init, None, None, s.device,
+                           frame=s.frame, query_layout=s.query_layout)
 
     def ensure_encoder(self):
         """The service's encoder, built from the settings (or the index's manifest) on first use.

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from regis.settings_types import QueryRuntime, RedisPrefix, RedisURL, TorchDevice
+from regis.settings_types import FrameName, QueryLayoutName, QueryRuntime, RedisPrefix, RedisURL, TorchDevice
 
 
 class Settings(BaseSettings):
@@ -62,6 +62,8 @@ class Settings(BaseSettings):
             ``index_dir/uploads``). ``images_root`` is also the only folder index jobs may read.
         backbone, random_init: the encoder when there is no index yet (with ``weights``; default: the
             offline efficientnet-lite0). An existing index must have been built with the same encoder.
+        frame, query_layout: that encoder's frame and query layout (``EncoderConfig``; None: its defaults; a
+            collection's config sets them). An existing index's manifest records its own, which queries use.
         job_retries: re-runs of a job whose worker died or failed unexpectedly (Redis queue).
         job_timeout_s: a job running longer is stopped, seconds.
         write_wait_s: how long POST /v1/images and DELETE /v1/images/{id} wait for their job before
@@ -118,6 +120,8 @@ class Settings(BaseSettings):
     uploads_dir: Path | None = None
     backbone: str | None = None
     random_init: bool = False
+    frame: FrameName | None = None
+    query_layout: QueryLayoutName | None = None
     job_retries: int = Field(default=2, ge=0, le=20)
     job_timeout_s: int = Field(default=24 * 3600, ge=10)
     write_wait_s: float = Field(default=30.0, ge=0, le=600)

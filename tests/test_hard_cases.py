@@ -7,7 +7,15 @@ import torch
 from PIL import Image
 
 from regis.data.augment import color_jitter, encode_jpeg
-from regis.data.hard_cases import QUERY_KINDS, Item, build_hard_set, is_relevant, query_items, tile_boxes
+from regis.data.hard_cases import (
+    ASPECT_KINDS,
+    QUERY_KINDS,
+    Item,
+    build_hard_set,
+    is_relevant,
+    query_items,
+    tile_boxes,
+)
 from regis.images.decode import decode_image
 from regis.models.encoder import EncoderConfig, build_encoder
 from regis.models.transforms import eval_transform
@@ -45,7 +53,8 @@ def test_hard_set_is_seeded_and_every_query_has_an_answer(photos_dir):
     a = build_hard_set(paths, repeats=1, seed=3)
     b = build_hard_set(paths, repeats=1, seed=3)
     assert len(a.gallery) == 2 * 16 and len(a.queries) == 2 * 7
-    assert sorted(q.kind for q in a.queries) == sorted(2 * [k for k in QUERY_KINDS if k != "stereo"])
+    assert sorted(q.kind for q in a.queries) == sorted(2 * [k for k in QUERY_KINDS
+                                                            if k not in ("stereo", *ASPECT_KINDS)])
     assert a.relevance.shape == (14, 32) and a.relevance.any(axis=1).all()
     assert [q.box for q in a.queries] == [q.box for q in b.queries]
     pairs = zip(a.queries, b.queries, strict=True)

@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from regis.api.explain import Explanation, QueryTokens
 from regis.jobs.model import JobInfo
+from regis.settings_types import FrameName, QueryLayoutName
 
 
 class SearchHit(BaseModel):
@@ -160,6 +161,13 @@ class CollectionCreate(BaseModel):
                                              "efficientnet-lite0-regis (EfficientNet-Lite0 + regis's trained "
                                              "token head, 256-d tokens)")
     random_init: bool = Field(default=False, description="random weights (tests only)")
+    frame: FrameName | None = Field(
+        default=None, description="how an image becomes the encoder's input: center-crop (the central square, the "
+                                  "default), pad, squash, or aspect (CNNs: the whole image, aspect ratio kept; ViTs: "
+                                  "pad). The index records it; its queries use it.")
+    query_layout: QueryLayoutName | None = Field(
+        default=None, description="a query's tokens: tokens (the indexed ones) or tokens+roi-cues (CNN with a ROI "
+                                  "pass; the default for new CNN collections). The index records it.")
     description: str = Field(default="", max_length=1000)
 
 

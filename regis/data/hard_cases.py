@@ -16,7 +16,15 @@ Query kinds (``QUERY_KINDS``), each an edited copy of a region of one photo:
   scores 1.000): hue rotated 90-270 degrees, saturation x0-2, gamma 0.4-2.5, contrast x0.5-1.5, then downscaled
   to 30-50 % and saved as JPEG q15-35. Drawn from its own random stream (``seed``, 1), so adding it left the
   other kinds' queries unchanged;
-- ``stereo``: the natural second view: scikit-image's right stereo image against the left one (1 query).
+- ``stereo``: the natural second view: scikit-image's right stereo image against the left one (1 query);
+- ``end-crop`` (issue 29): on portrait and panoramic photos (``aspect_photos``: long side >= 1.25x the short
+  one), a small crop (10-25 % of the area, aspect 3/4..4/3) flush with one end of the long side (the top or
+  bottom of a portrait, the left or right end of a panorama: what a centre crop cuts off), colour +-10 %, JPEG
+  q60-90;
+- ``mid-crop``: the same crop centred on the middle of the long side (the comparison: an end crop should be
+  found as often as a middle one).
+  Both draw from their own random stream (``seed``, 2), as do the aspect photos' gallery bursts, so the other
+  kinds' queries and gallery items are unchanged; the aspect photos add their 16 gallery items each.
 
 Which gallery items are right answers follows from geometry: every item and query carries its box in the
 source photo's pixels, and a gallery item of the same photo is relevant when it shows at least 75 % of the
@@ -40,7 +48,9 @@ from regis.images.decode import decode_image
 
 Box = tuple[float, float, float, float]  # (x0, y0, x1, y1) in source-photo pixels
 
-QUERY_KINDS = ("view", "tile", "partial", "rotate", "color", "jpeg", "color-jpeg", "stereo")
+ASPECT_KINDS = ("end-crop", "mid-crop")  # queries of the aspect photos only
+QUERY_KINDS = ("view", "tile", "partial", "rotate", "color", "jpeg", "color-jpeg", "stereo", *ASPECT_KINDS)
+MIN_ELONGATION = 1.25  # an aspect photo's long side over its short side, at least
 GALLERY_KINDS = ("photo", "tile", "overlap", "burst")
 MIN_SHOWN = 0.75  # an item must show this fraction of the query's region ...
 MIN_FILL = 0.30  # ... and the region must fill this fraction of the item
@@ -213,6 +223,58 @@ def query_items(name: str, img: Image.Image, rng: np.random.Generator, repeats: 
     return out
 
 
+def _flush_box(w: int, h: int, rng: np.random.Generator, end: str) -> Box:
+    """A box of 10-25 % of the area, aspect 3/4..4/3, at ``end`` of the long side: "start" (top / left), "stop"
+    (bottom / right) or "middle" (centred on the long side); random across the short side."""
+    area = rng.uniform(0.10, 0.25) * w * h
+    aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+    cw = int(min(w, max(16, round(math.sqrt(area * aspect)))))
+    ch = int(min(h, max(16, round(math.sqrt(area / aspect)))))
+    portrait = h > w
+    long_side, box_long = (h, ch) if portrait else (w, cw)
+    along = {"start": 0, "stop": long_side - box_long, "middle": (long_side - box_long) // 2}[end]
+    across = int(rng.integers(0, (w - cw if portrait else h - ch) + 1))
+    x0, y0 = (across, along) if portrait else (along, across)
+    return (x0, y0, x0 + cw, y0 + ch)
+
+
+def aspect_query_items(name: str, img: Image.Image, rng: np.random.Generator, repeats: int,
+                       gallery: list[Item] | None = None, tries: int = 50) -> list[Item]:
+    """``repeats`` ``end-crop`` and ``mid-crop`` queries of one portrait or panoramic photo (module docstring).
+
+    Args:
+        gallery: the photo's gallery items; when given, a box is drawn again (up to ``tries`` times) until some
+            item answers it (``is_relevant``), so that every query has a right answer.
+
+    Raises:
+        ConfigError: the photo is not elongated enough (``MIN_ELONGATION``).
+    """
+    from regis.errors import ConfigError
+
+    w, h = img.size
+    if max(w, h) < MIN_ELONGATION * min(w, h):
+        raise ConfigError(f"{name} is {w} x {h}: not a portrait or panoramic photo")
+    out = []
+    for _ in range(repeats):
+        for kind, ends in (("end-crop", ("start", "stop")), ("mid-crop", ("middle",))):
+            end = ends[int(rng.integers(0, len(ends)))]
+            for _ in range(tries):
+                box = _flush_box(w, h, rng, end)
+                probe = Item(img, name, kind, box)
+                if gallery is None or any(is_relevant(probe, g) for g in gallery):
+                    break
+            part = color_jitter(img.crop(box), rng, strength=0.1)
+            out.append(Item(_decoded(encode_jpeg(part, int(rng.integers(60, 91)))), name, kind, box))
+    return out
+
+
+def is_aspect_photo(path: Path) -> bool:
+    """Whether the image at ``path`` is a portrait or panoramic photo (``MIN_ELONGATION``), read from its header."""
+    with Image.open(path) as im:
+        w, h = im.size
+    return max(w, h) >= MIN_ELONGATION * min(w, h)
+
+
 @dataclass
 class HardSet:
     """The gallery, the queries and their relevance (``relevance[q, g]``: gallery item g answers query q)."""
@@ -222,7 +284,8 @@ class HardSet:
     relevance: np.ndarray
 
 
-def build_hard_set(photos: list[Path], repeats: int = 3, seed: int = 0, stereo_dir: Path | None = None) -> HardSet:
+def build_hard_set(photos: list[Path], repeats: int = 3, seed: int = 0, stereo_dir: Path | None = None,
+                   aspect_photos: list[Path] | None = None) -> HardSet:
     """The hard set for these photo files (decoded to RGB).
 
     Args:
@@ -231,9 +294,16 @@ def build_hard_set(photos: list[Path], repeats: int = 3, seed: int = 0, stereo_d
         seed: seeds every random draw; the same inputs and seed give the same set.
         stereo_dir: a folder holding scikit-image's ``motorcycle_right.png``; when it and the left image are
             there, the right image becomes the one ``stereo`` query (box: the whole left photo).
+        aspect_photos: portrait and panoramic photos (``is_aspect_photo``) that add their 16 gallery items each
+            and ``repeats`` ``end-crop`` and ``mid-crop`` queries (their own random stream); names must differ
+            from ``photos``'.
 
     Returns:
-        ``HardSet`` with 16 gallery items per photo and ``7 * repeats`` queries per photo (+ 1 stereo query).
+        ``HardSet`` with 16 gallery items per photo and ``7 * repeats`` queries per photo (+ 1 stereo query),
+        then the aspect photos' 16 gallery items and ``2 * repeats`` queries each.
+
+    Raises:
+        ConfigError: an aspect photo that is not elongated, or one named like another photo.
     """
     rng = np.random.default_rng(seed)
     rng_extra = np.random.default_rng([seed, 1])
@@ -247,6 +317,18 @@ def build_hard_set(photos: list[Path], repeats: int = 3, seed: int = 0, stereo_d
     if stereo_dir is not None and (stereo_dir / right).is_file() and any(p.name == left for p in photos):
         img = decode_image(stereo_dir / right).image
         queries.append(Item(img, left, "stereo", (0, 0, img.width, img.height)))
+    rng_aspect = np.random.default_rng([seed, 2])
+    names = {p.name for p in photos}
+    for path in aspect_photos or []:
+        if path.name in names:
+            from regis.errors import ConfigError
+
+            raise ConfigError(f"aspect photo {path.name} is named like another photo of the set")
+        names.add(path.name)
+        img = decode_image(path).image
+        items = gallery_items(path.name, img, rng_aspect)
+        gallery += items
+        queries += aspect_query_items(path.name, img, rng_aspect, repeats, items)
     return HardSet(gallery, queries, relevance_matrix(queries, gallery))
 
 

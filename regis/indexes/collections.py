@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from regis.errors import ConfigError, RegisError
 from regis.indexes.layout import CURRENT_FILE, VERSIONS_DIR, fsync_dir, read_current, write_json_atomic
 from regis.models.registry import DEFAULT_BACKBONE
+from regis.settings_types import FrameName, QueryLayoutName
 
 CONFIG_FILE = "collection.json"
 DEFAULT_COLLECTION = "default"
@@ -60,6 +61,8 @@ class CollectionConfig(BaseModel):
         backbone: registered backbone name (``regis backbones``); None: efficientnet-lite0, the offline default.
         weights: weights file (None: the backbone's default weights).
         random_init: random weights (tests only).
+        frame, query_layout: the encoder's (``regis.models.encoder.EncoderConfig``; None: its default); the index
+            manifest then records them and queries follow it.
         description: free text.
         uid: this incarnation of the collection (set by ``create``; a collection deleted and created again under
             the same name gets another one). None for collections made before uids existed.
@@ -70,6 +73,8 @@ class CollectionConfig(BaseModel):
     backbone: str | None = None
     weights: str | None = None
     random_init: bool = False
+    frame: FrameName | None = None
+    query_layout: QueryLayoutName | None = None
     description: str = Field(default="", max_length=1000)
     uid: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
@@ -185,7 +190,8 @@ class CollectionsRoot:
 
     def overrides(self, name: str) -> dict:
         """The settings a service or worker uses for collection ``name``: {"index_dir", "uploads_dir" (the
-        collection's own ``uploads/``), "backbone", "weights", "random_init"} (its config).
+        collection's own ``uploads/``), "backbone", "weights", "random_init", "frame", "query_layout"} (its
+        config).
 
         Raises:
             CollectionNotFoundError: no such collection.
@@ -193,7 +199,8 @@ class CollectionsRoot:
         config = self.config(name)
         path = self.path(name)
         return {"index_dir": path, "uploads_dir": path / "uploads", "backbone": config.backbone,
-                "weights": Path(config.weights) if config.weights else None, "random_init": config.random_init}
+                "weights": Path(config.weights) if config.weights else None, "random_init": config.random_init,
+                "frame": config.frame, "query_layout": config.query_layout}
 
     def describe(self, name: str) -> dict:
         """{"name", "config", "index_version", "images", "backbone", "path"} of a collection (no index loaded:

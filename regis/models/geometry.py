@@ -28,12 +28,21 @@ grid cell; a bright square's ROI box covers it: tests/test_explain.py).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from regis.errors import ConfigError
 
-if TYPE_CHECKING:
-    from regis.models.encoder import EncoderConfig
+
+class EncoderConfig(Protocol):
+    """The fields of ``regis.models.encoder.EncoderConfig`` these functions read (not imported: the encoder
+    imports this module)."""
+
+    kind: str
+    image_size: int
+    resize_size: int
+    roi_image_size: int | None
+    token_set: str
+    frame: str
 
 Box = tuple[float, float, float, float]
 CNN_STRIDE = 32  # a CNN backbone's output stride: one feature-map cell per 32 x 32 input pixels
