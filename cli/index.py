@@ -165,12 +165,12 @@ def _collection_encoder(collection: str, root: Path | None, backbone, weights, r
         collections.create(collection, CollectionConfig(backbone=backbone, random_init=random_init,
                                                         weights=str(weights) if weights else None, frame=frame,
                                                         query_layout=query_layout))
-    elif (backbone is None and weights is None and not random_init and frame is None
-          and query_layout is None):  # the collection's own encoder
+    else:
         config = collections.config(collection)
-        backbone, random_init = config.backbone, config.random_init
-        weights = Path(config.weights) if config.weights else None
-        frame, query_layout = config.frame, config.query_layout
+        if backbone is None and weights is None and not random_init:  # the collection's own encoder
+            backbone, random_init = config.backbone, config.random_init
+            weights = Path(config.weights) if config.weights else None
+        frame, query_layout = frame or config.frame, query_layout or config.query_layout
     return backbone, weights, random_init, frame, query_layout
 
 

@@ -74,7 +74,8 @@ class _Brightness(nn.Module):
 
 
 def _stand_in(cfg: EncoderConfig) -> RegisEncoder:
-    return RegisEncoder(_Brightness(), get_backbone_spec("efficientnet-lite0"), cfg, WeightsInfo(source="t", sha256="0"))
+    spec = get_backbone_spec("efficientnet-lite0")
+    return RegisEncoder(_Brightness(), spec, cfg, WeightsInfo(source="t", sha256="0"))
 
 
 def _photo(width: int, height: int, square: tuple[int, int, int]) -> Image.Image:
@@ -186,3 +187,43 @@ def test_an_aspect_index_stores_boxes_in_each_images_pixels(tmp_path, lite0_aspe
             x0, y0, x1, y1 = token_box(cfg, stored.grid, stored.buddies, position, stored.width, stored.height)
             assert 0 <= x0 < x1 <= stored.width and 0 <= y0 < y1 <= stored.height, rec.path
     assert seen == set(sizes.values())
+
+
+def test_index_build_takes_frame_and_query_layout_and_queries_follow_the_index(cli, tmp_path, photos_dir):
+    """regis index build --frame aspect --query-layout tokens: the manifest records both; the engine opened on
+    the index encodes queries whole (a portrait's input is 224 x 352) with 10 tokens; an update without
+    options keeps them; collections take them too."""
+    from regis.indexes.collections import CollectionsRoot
+    from regis.retrieve.query import QueryEngine
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("skimage-chelsea.png", "skimage-coffee.png"):
+        (folder / name).write_bytes((photos_dir / name).read_bytes())
+    index = tmp_path / "index"
+    args = ["index", "build", str(folder), "--index", str(index), "--backbone", "efficientnet-lite0",
+            "--random-init", "--no-progress"]
+    bad = cli(*args, "--frame", "sideways")
+    assert bad.returncode != 0 and "sideways" in bad.stderr
+    assert cli(*args, "--frame", "aspect", "--query-layout", "tokens").returncode == 0
+    engine = QueryEngine.open(index, fast_encode=False)
+    cfg = engine.encoder.config
+    assert (cfg.frame, cfg.query_layout) == ("aspect", "tokens")
+    assert IndexSnapshot.open(index).manifest.encoder == cfg
+    portrait = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB").crop((0, 0, 200, 300))
+    assert tuple(engine.transform(portrait).shape) == (3, 352, 224)
+    buf = __import__("io").BytesIO()
+    portrait.save(buf, "PNG")
+    tokens, _ = engine.encode_bytes(buf.getvalue())
+    assert tokens.shape == (10, cfg.dim)
+    (folder / "skimage-rocket.jpg").write_bytes((photos_dir / "skimage-rocket.jpg").read_bytes())
+    assert cli("index", "build", str(folder), "--index", str(index), "--no-progress").returncode == 0  # an update
+    snap = IndexSnapshot.open(index)
+    assert snap.manifest.encoder.frame == "aspect" and snap.table.count() == 3
+
+    root = tmp_path / "collections"
+    assert cli("collections", "create", "tall", "--root", str(root), "--frame", "aspect").returncode == 0
+    assert CollectionsRoot(root).overrides("tall")["frame"] == "aspect"
+    assert cli("index", "build", str(folder), "--collection", "tall", "--root", str(root), "--backbone",
+               "efficientnet-lite0", "--random-init", "--no-progress").returncode == 0
+    assert IndexSnapshot.open(root / "tall").manifest.encoder.frame == "aspect"  # the collection's frame

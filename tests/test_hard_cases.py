@@ -16,6 +16,7 @@ from regis.data.hard_cases import (
     query_items,
     tile_boxes,
 )
+from regis.errors import ConfigError
 from regis.images.decode import decode_image
 from regis.models.encoder import EncoderConfig, build_encoder
 from regis.models.transforms import eval_transform
@@ -203,3 +204,36 @@ def test_query_layout_defaults_and_old_manifests(tiny_encoder, lite0_encoder):
         build_encoder("efficientnet-lite0", roi_image_size=0, query_layout="tokens+roi-cues")
     with pytest.raises(ValueError):
         EncoderConfig.model_validate(cfg.model_dump(exclude={"roi_image_size"}))
+
+
+def test_end_and_middle_crops_of_portrait_and_panoramic_photos(photos_dir, tmp_path):
+    """The end-crop / mid-crop kinds (issue 29) on a portrait and a panorama cut from bundled photos (the real
+    corpus for the figures is Debian's: scripts/eval_hard_cases.py --aspect-photos): 10-25 % of the area, flush
+    with an end of the long side (or centred on it), each with a right answer; the other kinds' queries and
+    gallery items are what they are without the aspect photos (their own random stream)."""
+    src = decode_image(photos_dir / "skimage-coffee.png").image  # 600 x 400
+    portrait, panorama = tmp_path / "portrait.png", tmp_path / "panorama.png"
+    src.crop((150, 0, 417, 400)).save(portrait)  # 267 x 400 (2:3)
+    src.crop((0, 70, 600, 310)).save(panorama)  # 600 x 240 (5:2)
+    base = [photos_dir / "skimage-camera.png"]
+    plain = build_hard_set(base, repeats=1, seed=4)
+    both = build_hard_set(base, repeats=2, seed=4, aspect_photos=[portrait, panorama])
+    again = build_hard_set(base, repeats=2, seed=4, aspect_photos=[portrait, panorama])
+    assert len(both.gallery) == 3 * 16 and [q.box for q in both.queries] == [q.box for q in again.queries]
+    one = build_hard_set(base, repeats=1, seed=4, aspect_photos=[portrait])
+    assert [q.box for q in one.queries][: len(plain.queries)] == [q.box for q in plain.queries]
+    assert [g.box for g in one.gallery][:16] == [g.box for g in plain.gallery]
+    aspect = [(i, q) for i, q in enumerate(both.queries) if q.kind in ASPECT_KINDS]
+    assert sorted(q.kind for _, q in aspect) == sorted(2 * 2 * ["end-crop", "mid-crop"])
+    for i, q in aspect:
+        w, h = (267, 400) if q.photo == "portrait.png" else (600, 240)
+        x0, y0, x1, y1 = q.box
+        assert 0.09 <= (x1 - x0) * (y1 - y0) / (w * h) <= 0.26
+        start, stop, size = (y0, y1, h) if h > w else (x0, x1, w)
+        if q.kind == "end-crop":
+            assert start == 0 or stop == size
+        else:
+            assert abs((start + stop) / 2 - size / 2) <= 1
+        assert both.relevance[i].any(), q
+    with pytest.raises(ConfigError, match="not a portrait"):
+        build_hard_set(base, aspect_photos=[photos_dir / "skimage-astronaut.png"])

@@ -109,3 +109,35 @@ def test_a_service_without_a_collections_root_has_only_the_default(tmp_path, ima
         r = c.post("/v1/collections", json={"name": "x"})
         assert r.status_code == 403 and r.json()["error"]["code"] == "jobs_disabled"
         assert c.get("/v1/collections/other/images/0").json()["error"]["code"] == "collection_not_found"
+
+
+def test_a_collection_created_with_a_frame_indexes_and_queries_with_it(client, tmp_path, one_thread):
+    """POST /v1/collections takes frame and query_layout; the collection's index manifest records them, and its
+    queries are encoded with them (issue 29). A portrait upload is indexed whole: its ROI boxes lie in its
+    pixels."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from regis.indexes.snapshot import IndexSnapshot
+
+    for bad in ({"name": "f", "frame": "sideways"}, {"name": "f", "query_layout": "all"}):
+        assert client.post("/v1/collections", json=bad).status_code == 422, bad
+    r = client.post("/v1/collections", json={"name": "tall", "backbone": "efficientnet-lite0", "random_init": True,
+                                             "frame": "aspect", "query_layout": "tokens"})
+    assert r.status_code == 201, r.text
+    assert r.json()["config"]["frame"] == "aspect" and r.json()["config"]["query_layout"] == "tokens"
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (600, 400, 3), dtype=np.uint8)).save(buf, "PNG")
+    portrait = buf.getvalue()
+    up = client.post("/v1/collections/tall/images", files=[("files", ("portrait.png", portrait))])
+    assert up.status_code == 201, up.text
+    snap = IndexSnapshot.open(tmp_path / "collections" / "tall")
+    assert snap.manifest.encoder.frame == "aspect" and snap.manifest.encoder.query_layout == "tokens"
+    found = _search(client, "/v1/collections/tall", portrait, k=1, explain="true").json()
+    assert found["results"][0]["metadata"]["file"]["name"] == "portrait.png"
+    assert len(found["query"]["tokens"]) == 10  # the index's layout: its 10 tokens, not the 15 of the default
+    for token in found["query"]["tokens"][5:]:
+        x0, y0, x1, y1 = token["box"]
+        assert 0 <= x0 < x1 <= 400 and 0 <= y0 < y1 <= 600
