@@ -1,0 +1,136 @@
+"""Explanations on non-square images in a real browser (issue 29): an index built with the "aspect" frame (the
+whole image, aspect ratio kept) over a portrait and a panorama; the page's boxes must lie inside the images and
+exactly where the ROI windows are: cells of each image's own non-square grid, in its pixels.
+
+Set ``REGIS_SCREENSHOT_DIR`` to keep the screenshots (``explain-portrait.png``, ``explain-panorama.png``)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from test_page import _screenshot, _serve
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def aspect_index(tmp_path_factory, photos_dir) -> tuple[Path, Path]:
+    """Four images indexed with EfficientNet-Lite0 (+ regis's token head, the default backbone) and the aspect
+    frame: a 2:3 portrait cut from the rocket photo, a 5:2 panorama cut from coffee, and two bundled photos."""
+    from conftest import build
+    from regis.models.encoder import build_encoder
+
+    folder = tmp_path_factory.mktemp("aspect-images")
+    Image.open(photos_dir / "skimage-rocket.jpg").convert("RGB").crop((178, 0, 462, 427)).save(
+        folder / "rocket-portrait.jpg", quality=92)  # 284 x 427
+    Image.open(photos_dir / "skimage-coffee.png").convert("RGB").crop((0, 70, 600, 310)).save(
+        folder / "coffee-panorama.png")  # 600 x 240
+    for name in ("skimage-chelsea.png", "skimage-astronaut.png"):
+        shutil.copy(photos_dir / name, folder / name)
+    index = tmp_path_factory.mktemp("aspect-index")
+    build(folder, index, build_encoder(frame="aspect"))
+    return index, folder
+
+
+def _boxes_on_screen(page, svg: str, img: str) -> list[dict]:
+    """Each drawn box of ``svg``: its screen rectangle, the image's, and the box in image pixels (its rect)."""
+    return page.evaluate(f"""(() => {{
+        const im = document.querySelector({img!r}).getBoundingClientRect();
+        return [...document.querySelectorAll({svg!r} + ' rect.box')].map(r => ({{
+            screen: (b => [b.left, b.top, b.right, b.bottom])(r.getBoundingClientRect()),
+            image: [im.left, im.top, im.right, im.bottom],
+            px: ['x', 'y', 'width', 'height'].map(k => Number(r.getAttribute(k)))}}));
+    }})()""")
+
+
+def _inside(drawn: dict, width: int, height: int) -> None:
+    """The box lies inside the shown image, and where its pixels say (screen = image origin + pixels x scale)."""
+    sl, st, sr, sb = drawn["screen"]
+    il, it, ir, ib = drawn["image"]
+    assert il - 1 <= sl < sr <= ir + 1 and it - 1 <= st < sb <= ib + 1, drawn
+    x, y, w, h = drawn["px"]
+    sx, sy = (ir - il) / width, (ib - it) / height
+    assert sl == pytest.approx(il + x * sx, abs=3) and sb == pytest.approx(it + (y + h) * sy, abs=3), drawn
+
+
+def _explain_first(page, query: Path, name: str) -> dict:
+    """Search with ``query``, check ``name`` comes first, open its explanation; returns the search answer."""
+    with page.expect_response(lambda r: "/v1/search" in r.url) as answer:
+        page.set_input_files("#file", str(query))
+    found = answer.value.json()
+    page.wait_for_function(f"document.querySelector('#results .tile .name')?.title === {name!r}")
+    page.locator("#results .tile button.why").first.click()
+    page.wait_for_selector("#detail[open]")
+    page.wait_for_function("document.getElementById('rImg').complete && "
+                           "document.getElementById('rImg').naturalWidth > 0 && "
+                           "document.getElementById('qImg').complete && "
+                           "document.getElementById('qImg').naturalWidth > 0")
+    return found
+
+
+def test_explanation_boxes_on_a_portrait_and_a_panorama(browser, aspect_index, tmp_path):
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.models.geometry import image_grids
+
+    index, folder = aspect_index
+    cfg = IndexSnapshot.open(index).manifest.encoder
+    assert cfg.frame == "aspect"
+    portrait = folder / "rocket-portrait.jpg"
+    query = tmp_path / "rocket-query.jpg"
+    buf = io.BytesIO()
+    Image.open(portrait).save(buf, "JPEG", quality=80)  # the portrait itself, recompressed
+    query.write_bytes(buf.getvalue())
+    rows, cols = image_grids(cfg, 284, 427)[1]
+    assert (rows, cols) == (8, 5)  # its own grid: 160 x 256 px ROI pass, 8 rows of 5 cells
+
+    with _serve(["--index", str(index)], tmp_path / "serve.log") as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        try:
+            page.goto(url)
+            page.wait_for_function("document.getElementById('status').textContent.includes('images to search')")
+            found = _explain_first(page, query, "rocket-portrait.jpg")
+            assert found["query"]["grid"] == [rows, cols]
+            # the query's ROI windows: cells of its own 8 x 5 grid, in its pixels
+            for token in found["query"]["tokens"][5:10]:
+                x0, y0, x1, y1 = token["box"]
+                assert 0 <= x0 < x1 <= 284 and 0 <= y0 < y1 <= 427
+                assert x1 - x0 == pytest.approx(284 / cols, abs=0.2) and y1 - y0 == pytest.approx(427 / rows, abs=0.2)
+                assert x0 / (284 / cols) == pytest.approx(round(x0 / (284 / cols)), abs=0.01)
+                assert y0 / (427 / rows) == pytest.approx(round(y0 / (427 / rows)), abs=0.01)
+
+            hit = found["results"][0]
+            assert (hit["width"], hit["height"]) == (284, 427)
+            drawn_q = _boxes_on_screen(page, "#qSvg", "#qImg")
+            drawn_r = _boxes_on_screen(page, "#rSvg", "#rImg")
+            assert len(drawn_q) == 5 and len(drawn_r) >= 1
+            for d in drawn_q:
+                _inside(d, 284, 427)
+            for d in drawn_r:
+                _inside(d, 284, 427)
+            # the result's boxes are the stored windows the explanation names (inset a little for the labels)
+            stored = [m["result_box"] for m in hit["explanation"]["matches"] if m["result_box"]]
+            for d in drawn_r:
+                x, y, w, h = d["px"]
+                assert any(b[0] - 1 <= x and b[1] - 1 <= y and x + w <= b[2] + 1 and y + h <= b[3] + 1
+                           for b in stored), (d, stored)
+            # the query is the result recompressed: its regions come back at the same place on the result
+            qboxes = [t["box"] for t in found["query"]["tokens"][5:10]]
+            same = [b for b in stored if any(max(abs(u - v) for u, v in zip(b, q, strict=True)) <= 2 for q in qboxes)]
+            assert len(same) >= 3, (qboxes, stored)
+            _screenshot(page.locator("#detail"), tmp_path / "explain-portrait.png")
+            page.click("#detailClose")
+
+            # the panorama (5:2): its own 4 x 10 grid (the ROI pass), boxes inside its 600 x 240 pixels
+            found = _explain_first(page, folder / "coffee-panorama.png", "coffee-panorama.png")
+            assert found["query"]["grid"] == list(image_grids(cfg, 600, 240)[1])
+            drawn = _boxes_on_screen(page, "#qSvg", "#qImg") + _boxes_on_screen(page, "#rSvg", "#rImg")
+            assert len(drawn) >= 6
+            for d in drawn:
+                _inside(d, 600, 240)
+            _screenshot(page.locator("#detail"), tmp_path / "explain-panorama.png")
+        finally:
+            page.close()
