@@ -178,11 +178,13 @@ def pooled_table(hits: dict[str, dict[str, np.ndarray]], kinds: np.ndarray, phot
     return "\n".join(lines)
 
 
-def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None, known=None) -> dict:
+def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None, known=None,
+             keep_scores: tuple[str, ...] = ()) -> dict:
     """Scores every scorer on the hard set; returns {scorer: {kind: metrics}} plus vectors per image.
 
     ``known``: {scorer: metrics} already computed on the same backbone pass (the dense reference does not
-    depend on the readout), not recomputed."""
+    depend on the readout), not recomputed. ``keep_scores``: scorers whose (Q, N) score matrices are returned
+    too (under "scores")."""
     gi, qi = [it.image for it in hard.gallery], [it.image for it in hard.queries]
     if is_aspect(encoder.config):
         g, q = aspect_scorer_tokens(encoder, gi), aspect_scorer_tokens(encoder, qi, query=True)
@@ -192,11 +194,12 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
                           query=True)
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
-    hits = {name: query_hits(maxsim_scores(q[name], g[name], chunk_size=16), hard.relevance)
-            for name in g if name not in known}
+    scores = {name: maxsim_scores(q[name], g[name], chunk_size=16) for name in g if name not in known}
+    hits = {name: query_hits(s, hard.relevance) for name, s in scores.items()}
     table = {name: known[name] if name in known else metrics_of(hits[name], kinds) for name in g}
     return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g},
-            "hits": {name: {m: v.tolist() for m, v in h.items()} for name, h in hits.items()}}
+            "hits": {name: {m: v.tolist() for m, v in h.items()} for name, h in hits.items()},
+            **({"scores": {name: scores[name] for name in keep_scores}} if keep_scores else {})}
 
 
 def print_table(result: dict, title: str = "") -> None:
@@ -274,8 +277,10 @@ def frame_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndarr
     """Recall@1 per kind for each frame ({frame: (Q,) 0/1 over the same queries}) with its 95 % Wilson interval,
     and each frame minus ``reference`` with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``)."""
     others = [f for f in hits if f != reference]
-    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{f + ' R@1 [95 %]':>26s}" for f in hits)
-    head += "".join(f"{f + ' - ' + reference + ' [95 %]':>36s}" for f in others)
+    width = {f: max(26, len(f) + 13) for f in hits}
+    dwidth = {f: max(36, len(f) + len(reference) + 12) for f in others}
+    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{f + ' R@1 [95 %]':>{width[f]}s}" for f in hits)
+    head += "".join(f"{f + ' - ' + reference + ' [95 %]':>{dwidth[f]}s}" for f in others)
     lines = [head]
     for kind in ("all", *QUERY_KINDS):
         sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
@@ -285,10 +290,10 @@ def frame_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndarr
         row = f"{kind:11s} {n:4d}"
         for f in hits:
             lo, hi = wilson_interval(hits[f][sel].sum(), n)
-            row += f"{hits[f][sel].mean():11.3f} [{lo:.3f}, {hi:.3f}]"
+            row += f"{hits[f][sel].mean():{width[f] - 15}.3f} [{lo:.3f}, {hi:.3f}]"
         for f in others:
             d, lo, hi = paired_bootstrap(hits[f][sel], hits[reference][sel], photos[sel])
-            row += f"{d:+17.3f} [{lo:+.3f}, {hi:+.3f}]"
+            row += f"{d:+{dwidth[f] - 19}.3f} [{lo:+.3f}, {hi:+.3f}]"
         lines.append(row)
     return "\n".join(lines)
 
@@ -296,7 +301,8 @@ def frame_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndarr
 def compare_frames(args) -> int:
     """``--frames``: the same hard set (per seed) through one encoder per frame; per-query Recall@1 of the
     scorer searches rank by (``maxsim-q15`` for a CNN with the 15-token query, else ``maxsim-10``) and of the
-    global token, pooled over the seeds, each frame against the first; JSON with every query's hits."""
+    global token, pooled over the seeds, each frame against the first; JSON with every query's hits.
+    ``--combine "A|B"``: also the better of frame A's and B's scores per pair (two framings per image)."""
     encoders = {f: build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                                  cue_method=args.cue_method, image_size=args.image_size, frame=f,
                                  cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size,
@@ -310,24 +316,31 @@ def compare_frames(args) -> int:
            "aspect_photos": [p.name for p in aspect or []],
            "encoders": {f: e.config.model_dump() for f, e in encoders.items()},
            "weights": next(iter(encoders.values())).weights_info.source, "queries": [], "hits": {}, "metrics": {}}
-    hits: dict[str, dict[str, list]] = {f: {scorer: [], "global": []} for f in encoders}
+    combos = [c.split("|") for c in args.combine or []]
+    hits: dict[str, dict[str, list]] = {f: {scorer: [], "global": []} for f in [*encoders, *(args.combine or [])]}
     for seed in args.seed:
         hard, n_photos = load_hard_set(args.repeats, seed, aspect)
         print(f"seed {seed}: {n_photos} photos, gallery {len(hard.gallery)}, {len(hard.queries)} queries", flush=True)
         out["queries"] += [{"seed": seed, "kind": q.kind, "photo": q.photo} for q in hard.queries]
+        kept = {}
         for f, enc in encoders.items():
             t0 = time.perf_counter()
-            result = evaluate(enc, hard)
+            result = evaluate(enc, hard, keep_scores=(scorer, "global") if combos else ())
+            kept[f] = result.pop("scores", None)
             for name in (scorer, "global"):
                 hits[f][name] += result["hits"][name]["R@1"]
             out["metrics"].setdefault(str(seed), {})[f] = result["metrics"]
             print(f"  {f}: {time.perf_counter() - t0:.0f} s; all R@1 {result['metrics'][scorer]['all']['R@1']:.3f}",
                   flush=True)
+        for combo in combos:  # tokens of two framings per image: the better of the two MaxSim scores
+            for name in (scorer, "global"):
+                best = torch.stack([kept[f][name] for f in combo]).amax(0)
+                hits["|".join(combo)][name] += query_hits(best, hard.relevance)["R@1"].tolist()
     kinds = np.array([q["kind"] for q in out["queries"]])
     photos = np.array([f"{q['photo']}" for q in out["queries"]])
     reference = args.frames[0]
     for name in (scorer, "global"):
-        table = frame_table({f: np.asarray(hits[f][name]) for f in encoders}, kinds, photos, reference)
+        table = frame_table({f: np.asarray(hits[f][name]) for f in hits}, kinds, photos, reference)
         print(f"\nRecall@1 ({name}) pooled over seeds {' '.join(map(str, args.seed))}, each frame minus {reference}:")
         print(table)
     out["hits"] = {f: {name: [int(v) for v in h] for name, h in hs.items()} for f, hs in hits.items()}
@@ -338,10 +351,11 @@ def compare_frames(args) -> int:
 
 
 def pool_frames(files: list[Path]) -> int:
-    """``--pool``: the frame tables of several ``--frames`` JSON files (other seeds of the same set) together."""
+    """``--pool``: the frame tables of several ``--frames`` JSON files (other seeds of the same set) together,
+    for the frames (and combinations) every file has."""
     docs = [json.loads(Path(f).read_text()) for f in files]
     scorer = docs[0]["scorer"]
-    frames = list(docs[0]["hits"])
+    frames = [f for f in docs[0]["hits"] if all(f in d["hits"] for d in docs)]  # those every file has
     queries = [q for d in docs for q in d["queries"]]
     kinds = np.array([q["kind"] for q in queries])
     photos = np.array([q["photo"] for q in queries])
@@ -370,6 +384,9 @@ def main() -> int:
                     help="compare these frames (the first is the reference) on the same set: Recall@1 per kind "
                          "with intervals; --json keeps every query's hits")
     ap.add_argument("--pool", nargs="+", type=Path, default=None, help="pool the tables of --frames JSON files")
+    ap.add_argument("--combine", nargs="+", default=None,
+                    help="with --frames: also score 'A|B': tokens of frames A and B per image, the better of the two "
+                         "MaxSim scores per (query, gallery image) pair")
     args = ap.parse_args()
 
     if args.pool:
