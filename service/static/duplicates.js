@@ -137,7 +137,9 @@ function summary(d) {
   const c = d.counts, p = c.pairs;
   const parts = [`Index version ${d.index_version}: ${c.duplicate_groups} duplicate groups (${c.images_in_duplicate_groups} images; ` +
     `${c.redundant_images} could go, keeping one per group)`];
-  parts.push(`${p.exact} exact and ${p.edited_copy} edited-copy pairs, ${p.crop} crops, ${p.same_scene} same-scene pairs`);
+  const n = (k, one, many) => `${k} ${k === 1 ? one : many}`;
+  parts.push(`${p.exact} exact and ${n(p.edited_copy, "edited-copy pair", "edited-copy pairs")}, ` +
+    `${n(p.crop, "crop", "crops")}, ${n(p.same_scene, "same-scene pair", "same-scene pairs")}`);
   if (!d.calibrated) parts.push("the thresholds are not calibrated for this index's encoder");
   return parts.join("; ") + ".";
 }
@@ -149,6 +151,7 @@ function render() {
   box.replaceChildren();
   if (!d.groups.length) box.append(el("p", { class: "muted" }, d.offset ? "No more groups." : "No duplicates found."));
   d.groups.forEach((g, i) => box.append(groupNode(g, d.offset + i)));
+  refreshMarks();
   const size = Number($("pageSize").value);
   $("pager").hidden = d.total_groups <= size;
   $("prev").disabled = state.page === 0;
@@ -202,7 +205,8 @@ function groupNode(g, index) {
   const ordered = [...g.images].sort((x, y) => (y.id === keepId) - (x.id === keepId));
   for (const img of ordered) {
     const pair = img.id === keepId ? null : bestPair(g.pairs, img.id, keepId);
-    const note = img.id === keepId ? (dup ? "kept" : "") : (pair ? relationTo(pair, img.id) : "");
+    const note = img.id === keepId ? (dup ? (state.kept.has(index) ? "kept" : "suggested to keep") : "")
+      : (pair ? relationTo(pair, img.id) : "");
     strip.append(card(img, note, pair, g, index, dup));
   }
   const node = el("section", { class: "group", "data-group": String(index) }, head, strip);
@@ -221,7 +225,7 @@ function groupNode(g, index) {
 function keepThis(group, index, id) {
   state.kept.set(index, id);
   for (const img of group.images) { if (img.id === id) state.marked.delete(img.id); else state.marked.add(img.id); }
-  refreshMarks();
+  render();  // the kept one first, the others' relations said to it
 }
 function refreshMarks() {
   document.querySelectorAll("#groups .group").forEach(node => {
@@ -275,6 +279,22 @@ $("confirmYes").addEventListener("click", async () => {
 });
 
 // ------------------------------------------------------------------ side by side
+/** "image 7 is a crop of image 3" -> "Image #7 is a crop of image #3": every image number marked as an id. */
+function withIds(words) {
+  const text = words.replace(/\b(images?|and|of|in) (\d+)\b(?! ?%)/g, (m, w, id) => `${w} #${id}`);
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+/** Both images of the comparison as large as their pane allows (a small copy is enlarged like its partner), the
+ * outline layer following. */
+function fitStage(img) {
+  if (!img.naturalWidth) return;
+  const pane = img.closest(".pane");
+  const f = Math.min(pane.clientWidth / img.naturalWidth, (window.innerHeight * 0.55) / img.naturalHeight);
+  img.style.width = `${Math.round(img.naturalWidth * f)}px`;
+  img.style.height = `${Math.round(img.naturalHeight * f)}px`;
+}
+for (const id of ["aImg", "bImg"]) $(id).addEventListener("load", () => fitStage($(id)));
+
 function setupSvg(svg, w, h) {
   svg.replaceChildren();
   svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
@@ -300,7 +320,7 @@ function openCompare(pair, group, index) {
   state.pair = { pair, group, index };
   const a = imageOf(group, pair.a), b = imageOf(group, pair.b);
   $("cmpTitle").textContent = `#${pair.a} and #${pair.b}: ${WORDS[pair.relation]}`;
-  $("cmpWords").textContent = pair.words.replace(/images? (\d+)/g, (m, id) => m.replace(id, `#${id}`)) + ".";
+  $("cmpWords").textContent = withIds(pair.words) + ".";
   $("aHead").textContent = `#${a.id} ${a.path || ""} (${a.width} x ${a.height})`;
   $("bHead").textContent = `#${b.id} ${b.path || ""} (${b.width} x ${b.height})`;
   showImage($("aImg"), `${base()}/images/${a.id}/file`);

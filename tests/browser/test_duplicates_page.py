@@ -1,0 +1,217 @@
+"""The duplicates view at /duplicates in a real browser (Debian's chromium, headless, driven by Playwright) against
+the service on loopback, over a small set of real photos indexed with the default encoder (issue 26, item 4):
+groups with their thumbnails, the relation of each pair in words, crops and other shots beside the groups (never
+in them), the side-by-side comparison with the matched regions (and the token matches), and "keep this one"
+selecting the rest of its group for deletion: confirmed, refused to a read key, done with a write key.
+
+Set ``REGIS_SCREENSHOT_DIR`` to also save the screenshots there (the README's docs/img/duplicates.png and
+duplicates-crop.png come from ``REGIS_SCREENSHOT_DIR=docs/img pytest tests/browser/test_duplicates_page.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from deploy.support import ServerThread, wait_until
+from PIL import Image, ImageDraw, ImageFont
+
+from tests.conftest import build
+
+pytestmark = pytest.mark.slow
+
+
+def _jpeg(img: Image.Image, path: Path, quality: int = 90) -> None:
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="JPEG", quality=quality)
+    path.write_bytes(buf.getvalue())
+
+
+def _captioned(img: Image.Image, text: str) -> Image.Image:
+    img = img.copy()
+    ImageDraw.Draw(img).text((12, img.height - 40), text, font=ImageFont.load_default(size=28),
+                             fill=(255, 255, 255), stroke_width=2, stroke_fill=(0, 0, 0))
+    return img
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory, photos_dir) -> Path:
+    """Ten real-photo files as a photo library holds them: the cat photo, an edited copy (downscaled, captioned,
+    JPEG q50) and a crop (40 % of its area); the astronaut photo, a byte copy and a grey, downscaled copy; two shots
+    of the coffee scene by a moved camera (``regis.data.near_duplicates.shot_of``); two unrelated photos."""
+    from regis.data.near_duplicates import shot_of
+
+    out = tmp_path_factory.mktemp("library")
+    cat = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB")
+    _jpeg(cat, out / "cat.jpg", 95)
+    edit = _captioned(cat, "best cat").resize((cat.width * 6 // 10, cat.height * 6 // 10), Image.BICUBIC)
+    _jpeg(edit, out / "cat-edited.jpg", 50)
+    _jpeg(cat.crop((0, int(cat.height * 0.15), int(cat.width * 0.55), int(cat.height * 0.88))), out / "cat-crop.jpg")
+    astronaut = Image.open(photos_dir / "skimage-astronaut.png").convert("RGB")
+    _jpeg(astronaut, out / "astronaut.jpg", 92)
+    shutil.copy(out / "astronaut.jpg", out / "astronaut (copy).jpg")
+    _jpeg(astronaut.convert("L").resize((300, 300), Image.BICUBIC), out / "astronaut-grey-small.jpg", 70)
+    coffee = Image.open(photos_dir / "skimage-coffee.png").convert("RGB")
+    w, h = coffee.size
+    rng = np.random.default_rng(0)
+    for n, (x0, y0) in enumerate(((0.0, 0.0), (0.22 * w, 0.18 * h))):  # windows of 64 % of the scene, IoU 0.45
+        data, _ = shot_of(coffee, (x0, y0, x0 + 0.8 * w, y0 + 0.8 * h), (round(0.7 * w), round(0.7 * h)), rng)
+        (out / f"coffee-shot{n + 1}.jpg").write_bytes(data)
+    for name in ("skimage-rocket.jpg", "sklearn-china.jpg"):
+        shutil.copy(photos_dir / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(library, tmp_path_factory):
+    """The service over the library's index (default encoder), API keys required, deletes enabled; yields
+    (url, read key, write key, {file name: image id})."""
+    from regis.models.encoder import build_encoder
+    from regis.models.registry import DEFAULT_BACKBONE
+    from service.app import create_app
+    from service.keys import create_key
+    from service.settings import Settings
+
+    tmp = tmp_path_factory.mktemp("dup-page")
+    build(library, tmp / "index", build_encoder(DEFAULT_BACKBONE))
+    read_key, _ = create_key(tmp / "keys.json", "read", "duplicates page, read")
+    write_key, _ = create_key(tmp / "keys.json", "write", "duplicates page, write")
+    settings = Settings(index_dir=tmp / "index", images_root=library, enable_jobs=True, index_poll_s=0.2,
+                        api_keys_file=tmp / "keys.json", torch_threads=1)
+    with ServerThread(create_app(settings)) as srv:
+        listing = _get(f"{srv.url}/v1/images?limit=100", read_key)
+        ids = {im["path"]: im["id"] for im in listing["images"]}
+        yield srv.url, read_key, write_key, ids
+
+
+def _get(url: str, key: str) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"X-API-Key": key}), timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _screenshot(locator, path: Path) -> None:
+    """Save a screenshot of ``locator``; also into $REGIS_SCREENSHOT_DIR when set (the README's images)."""
+    locator.screenshot(path=str(path))
+    if os.environ.get("REGIS_SCREENSHOT_DIR"):
+        shutil.copy(path, Path(os.environ["REGIS_SCREENSHOT_DIR"]) / path.name)
+
+
+def _card(page, image_id: int):
+    return page.locator(f'#groups .card[data-id="{image_id}"]')
+
+
+def test_groups_relations_comparison_and_keep_this_one(browser, server, tmp_path):
+    url, read_key, write_key, ids = server
+    page = browser.new_page(viewport={"width": 1200, "height": 1100})
+    try:
+        page.goto(f"{url}/duplicates")
+        # keys are required: the page says so and shows the key field; a read key is enough to look
+        page.wait_for_selector("#keyBox:not([hidden])")
+        page.fill("#apiKey", read_key)
+        page.dispatch_event("#apiKey", "change")
+        page.wait_for_selector("#groups .group", timeout=180_000)  # the first run searches every image (202 polls)
+        status = page.inner_text("#status")
+        assert "2 duplicate groups" in status, status
+        assert "not calibrated" not in status  # the default encoder's shipped calibration is in use
+
+        groups = page.locator("#groups .group")
+        members = [sorted(int(i) for i in g.locator(".strip:not(.related) .card").evaluate_all(
+            "cs => cs.map(c => c.dataset.id)")) for g in groups.all()]
+        copies = {"cat": sorted([ids["cat.jpg"], ids["cat-edited.jpg"]]),
+                  "astronaut": sorted([ids["astronaut.jpg"], ids["astronaut (copy).jpg"],
+                                       ids["astronaut-grey-small.jpg"]])}
+        # the two duplicate groups; crops and other shots are never in one (an image with only those beside it
+        # is shown as a group of one)
+        assert sorted(m for m in members if len(m) > 1) == sorted(copies.values())
+
+        # every thumbnail is shown (decoded, not a broken image)
+        page.wait_for_function("[...document.querySelectorAll('#groups .card img')].every(i => i.complete && "
+                               "i.naturalWidth > 0)", timeout=60_000)
+        # the relation of each image to the kept one, in words
+        cat, edited, crop = ids["cat.jpg"], ids["cat-edited.jpg"], ids["cat-crop.jpg"]
+        assert _card(page, edited).locator(".rel").inner_text() == f"edited copy of #{cat}"
+        assert _card(page, cat).locator(".rel").inner_text() == "suggested to keep"  # the larger one
+        twins = [ids["astronaut.jpg"], ids["astronaut (copy).jpg"]]  # the same bytes: either may be kept
+        notes = sorted(_card(page, i).locator(".rel").inner_text() for i in twins)
+        assert notes in [[f"exact copy of #{t}", "suggested to keep"] for t in twins], notes
+        assert _card(page, crop).locator(".rel").inner_text() == f"crop of #{cat}"  # beside the cat's group
+        assert _card(page, crop).locator("xpath=..").get_attribute("class") == "strip related"
+        shots = [ids["coffee-shot1.jpg"], ids["coffee-shot2.jpg"]]
+        shot_notes = [_card(page, s).locator(".rel").inner_text() for s in shots]
+        assert any(n.startswith("same scene of #") for n in shot_notes), shot_notes
+        for other in ("skimage-rocket.jpg", "sklearn-china.jpg"):
+            assert _card(page, ids[other]).count() == 0  # unrelated photos are not listed
+        _screenshot(page.locator("main"), tmp_path / "duplicates.png")
+
+        # side by side: the edited copy and the photo, each frame outlined where it lies in the other
+        _card(page, edited).locator("button.cmp").click()
+        page.wait_for_selector("#compare[open]")
+        assert page.inner_text("#cmpWords").startswith(f"Images #{min(cat, edited)} and #{max(cat, edited)} are edited "
+                                                       "copies of one photo")
+        assert page.locator("#aSvg polygon").count() == 1 and page.locator("#bSvg polygon").count() == 1
+        facts = page.inner_text("#cmpFacts")
+        assert "matches agree on one homography" in facts and "MaxSim per token" in facts
+        page.wait_for_function("document.getElementById('aImg').naturalWidth > 0 && "
+                               "document.getElementById('bImg').naturalWidth > 0")
+        page.click("#tokensBtn")  # the token explanation: a box per matched token on both images
+        page.wait_for_function("document.querySelectorAll('#aSvg rect').length > 0")
+        assert page.locator("#aSvg rect").count() == page.locator("#bSvg rect").count()
+        _screenshot(page.locator("#compare"), tmp_path / "duplicates-compare.png")
+        page.click("#cmpClose")
+
+        # the crop's comparison names the containing image
+        _card(page, crop).locator("button.cmp").click()
+        page.wait_for_selector("#compare[open]")
+        assert page.inner_text("#cmpWords").startswith(f"Image #{crop} is a crop of image #{cat} (it shows ")
+        assert page.locator("#aSvg polygon").count() == 1  # where the crop lies in the photo, outlined
+        page.wait_for_function("document.getElementById('aImg').naturalWidth > 0 && "
+                               "document.getElementById('bImg').naturalWidth > 0")
+        _screenshot(page.locator("#compare"), tmp_path / "duplicates-crop.png")
+        page.click("#cmpClose")
+
+        # keep this one: keeping the edited copy selects the photo for deletion
+        _card(page, edited).locator("input.keep").check()
+        assert page.inner_text("#selectionText") == "1 image selected for deletion"
+        assert "marked" in _card(page, cat).get_attribute("class")
+        assert "kept" in _card(page, edited).get_attribute("class")
+        assert _card(page, edited).locator(".rel").inner_text() == "kept"
+        assert _card(page, cat).locator(".rel").inner_text() == f"edited copy of #{edited}"
+        # asked first; cancelling deletes nothing
+        page.click("#deleteBtn")
+        page.wait_for_selector("#confirm[open]")
+        assert page.inner_text("#confirmTitle") == "Delete 1 image from the index?"
+        assert f"#{cat} cat.jpg" in page.inner_text("#confirmList")
+        page.click("#confirmNo")
+        assert page.locator("#confirm[open]").count() == 0
+        assert ids["cat.jpg"] in {im["id"] for im in _get(f"{url}/v1/images?limit=100", read_key)["images"]}
+        # a read key cannot delete: the page says a write key is needed and the image stays
+        page.click("#deleteBtn")
+        page.click("#confirmYes")
+        page.wait_for_selector("#error:not([hidden])")
+        assert "write scope" in page.inner_text("#error")
+        assert page.inner_text("#selectionText") == "1 image selected for deletion"
+        # with a write key it is deleted, and the groups are found again on the next index version
+        page.fill("#apiKey", write_key)
+        page.dispatch_event("#apiKey", "change")
+        page.wait_for_selector("#groups .group")
+        _card(page, edited).locator("input.keep").check()
+        page.click("#deleteBtn")
+        page.click("#confirmYes")
+        page.wait_for_function("document.getElementById('status').textContent.includes('1 image deleted')"
+                               " || document.getElementById('status').textContent.includes('duplicate groups')",
+                               timeout=120_000)
+        wait_until(lambda: ids["cat.jpg"] not in {im["id"] for im in
+                                                  _get(f"{url}/v1/images?limit=100", read_key)["images"]},
+                   120, what="the kept copy's group to lose the deleted photo")
+        page.wait_for_function("document.getElementById('status').textContent.includes('1 duplicate groups')",
+                               timeout=180_000)
+        assert _card(page, cat).count() == 0
+        assert page.locator("#groups .group h2", has_text="copies").count() == 1  # the astronaut's group is left
+    finally:
+        page.close()
