@@ -263,11 +263,11 @@ def measure(ev: Evaluation, config: DuplicateConfig) -> dict:
 
 # ------------------------------------------------------------------ calibration
 GRID = {
-    "floor": [0.35, 0.40, 0.45, 0.50],
-    "min_inliers": [10, 15, 20, 30],
+    "floor": [0.35, 0.40, 0.45],
+    "min_inliers": [8, 10, 12, 15, 20],
     "edited_min_cover": [round(x, 2) for x in np.arange(0.70, 0.93, 0.02)],
-    "edited_max_cover": [round(x, 2) for x in np.arange(0.90, 1.0, 0.01)],
-    "crop_cover": [0.80, 0.85, 0.90, 0.95],
+    "edited_max_cover": [round(x, 2) for x in np.arange(0.84, 0.99, 0.02)],
+    "crop_cover": [0.70, 0.75, 0.80, 0.85, 0.90],
     "token_edited": [0.90, 0.93, 0.95, 0.97, 0.99],
     "token_scene": [0.50, 0.60, 0.70, 0.80],
 }

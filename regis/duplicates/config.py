@@ -33,7 +33,7 @@ class DuplicateConfig(BaseModel):
 
     Verification (``regis.duplicates.geometry``):
         verify: match local features and fit a homography for every candidate pair whose files can be read.
-        verify_side: longest side the images are reduced to for it, pixels.
+        verify_side: longest side the images are brought to for it (reduced or enlarged), pixels.
         features: ORB keypoints per image.
         min_inliers: homography inliers for a pair to count as verified.
 
@@ -61,7 +61,7 @@ class DuplicateConfig(BaseModel):
     depth: int | None = Field(None, ge=1, le=4096)
     verify: bool = True
     verify_side: int = Field(640, ge=64, le=4096)
-    features: int = Field(1000, ge=50, le=20000)
+    features: int = Field(2000, ge=50, le=20000)
     min_inliers: int = Field(15, ge=4)
     edited_min_cover: float = Field(0.80, ge=0.0, le=1.0)
     edited_max_cover: float = Field(0.95, ge=0.0, le=1.0)
@@ -90,8 +90,11 @@ class DuplicateConfig(BaseModel):
             raise ConfigError(f"invalid duplicate threshold: {problems}") from None
 
     def candidate_settings(self) -> dict:
-        """The settings the stored candidate pairs depend on (a run with other ones searches again)."""
-        return {name: getattr(self, name) for name in CANDIDATE_FIELDS}
+        """The settings the stored candidate pairs depend on (a run with other ones searches again), with the
+        version of the geometric verification (``geometry.GEOMETRY_VERSION``)."""
+        from regis.duplicates.geometry import GEOMETRY_VERSION
+
+        return {**{name: getattr(self, name) for name in CANDIDATE_FIELDS}, "geometry": GEOMETRY_VERSION}
 
 
 def parse_overrides(items: list[str] | None) -> dict:

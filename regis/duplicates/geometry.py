@@ -2,7 +2,9 @@
 
 The token scores of a pair say how alike two images are, not how they relate: an edited copy, a crop and another
 shot of the same scene can all score high. Their geometry tells them apart. Each image gets local features
-(ORB keypoints and binary descriptors, OpenCV; Rublee et al. 2011) on a copy of at most ``max_side`` pixels;
+(ORB keypoints and binary descriptors, OpenCV; Rublee et al. 2011) on a copy whose longest side is ``max_side``
+pixels (larger images reduced, smaller ones enlarged: ORB finds no keypoints within 31 px of a border, so a
+100 x 70 px crop of a small photo had none and its pair could not be verified);
 two images' features are matched (nearest neighbour with Lowe's ratio test) and a homography H from the first
 image to the second is fitted to the matches with RANSAC (OpenCV's MAGSAC++). With it:
 
@@ -27,7 +29,8 @@ import numpy as np
 from regis.errors import ConfigError, ImageDecodeError
 
 DEFAULT_MAX_SIDE = 640  # pixels: the side local features are extracted at
-DEFAULT_FEATURES = 1000  # ORB keypoints per image
+DEFAULT_FEATURES = 2000  # ORB keypoints per image (1000 verified 8 fewer of 60 crop pairs in a sample)
+GEOMETRY_VERSION = 2  # 2: small images enlarged to max_side; stored pairs of another version are verified again
 RATIO = 0.8  # Lowe's ratio test on descriptor distances
 MIN_MATCHES = 8  # fewer ratio-test matches than this: no homography is tried
 MIN_AREA_RATIO = 1e-3  # a frame mapped onto less than this of the other's area (or more than its inverse): degenerate
@@ -83,8 +86,9 @@ class Verification:
 
 
 def load_gray(source: Path | str | bytes, max_side: int = DEFAULT_MAX_SIDE):
-    """Decode an image file (or bytes) to a grayscale PIL image of at most ``max_side`` pixels a side (JPEG draft
-    decoding where it can; EXIF orientation applied, as the index saw it).
+    """Decode an image file (or bytes) to a grayscale PIL image whose longest side is ``max_side`` pixels (reduced
+    with JPEG draft decoding where it can, enlarged bicubically when smaller; EXIF orientation applied, as the
+    index saw it).
 
     Raises:
         ImageDecodeError: not a decodable image.
@@ -95,8 +99,9 @@ def load_gray(source: Path | str | bytes, max_side: int = DEFAULT_MAX_SIDE):
 
     img = decode_image(source, draft_size=max_side).image.convert("L")
     f = max_side / max(img.size)
-    if f < 1:
-        img = img.resize((max(1, round(img.width * f)), max(1, round(img.height * f))), Image.BILINEAR)
+    if f != 1:
+        img = img.resize((max(1, round(img.width * f)), max(1, round(img.height * f))),
+                         Image.BILINEAR if f < 1 else Image.BICUBIC)
     return img
 
 
@@ -105,7 +110,7 @@ def local_features(source, max_side: int = DEFAULT_MAX_SIDE, n_features: int = D
 
     Args:
         source: image file path, its bytes, or a PIL image.
-        max_side: longest side the image is reduced to first, pixels.
+        max_side: longest side the image is brought to first (reduced or enlarged), pixels.
         n_features: keypoints kept (the strongest).
 
     Returns:
