@@ -139,7 +139,7 @@ function summary(d) {
     `${c.redundant_images} could go, keeping one per group)`];
   const n = (k, one, many) => `${k} ${k === 1 ? one : many}`;
   parts.push(`${p.exact} exact and ${n(p.edited_copy, "edited-copy pair", "edited-copy pairs")}, ` +
-    `${n(p.crop, "crop", "crops")}, ${n(p.same_scene, "same-scene pair", "same-scene pairs")}`);
+    `${n(p.crop, "crop pair", "crop pairs")}, ${n(p.same_scene, "same-scene pair", "same-scene pairs")}`);
   if (!d.calibrated) parts.push("the thresholds are not calibrated for this index's encoder");
   return parts.join("; ") + ".";
 }
