@@ -239,3 +239,19 @@ def test_the_default_frame_is_the_measured_one():
     assert DEFAULT_FRAME == "center-crop"
     assert build_encoder("vit-tiny-reg4-test", random_init=True).config.frame == "center-crop"
     assert EncoderConfig.model_fields["frame"].default == "center-crop"  # manifests without the field
+
+
+def test_a_draft_reduced_jpeg_is_sized_from_its_full_size(tmp_path):
+    """JPEG draft decoding shrinks by powers of two with rounded sides: the aspect frame sizes the input from the
+    full size (what the index records and explanations recompute the grid from), not from the reduced one."""
+    from regis.images.decode import decode_image
+
+    cfg = _cfg(roi_image_size=160)
+    rng = np.random.default_rng(3)
+    path = tmp_path / "odd.jpg"
+    Image.fromarray(rng.integers(0, 255, (1465, 1003, 3), dtype=np.uint8)).save(path, quality=80)
+    decoded = decode_image(path, draft_size=224)
+    assert decoded.image.size != (1003, 1465) and (decoded.width, decoded.height) == (1003, 1465)
+    x = eval_transform(cfg)(decoded.image)
+    assert tuple(x.shape[1:]) == aspect_input_size(cfg, 1003, 1465)[::-1]
+    assert tuple(eval_transform(cfg)(decoded.image.crop((0, 0, 300, 300))).shape[1:]) == (224, 224)  # a crop: its own

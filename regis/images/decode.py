@@ -22,6 +22,9 @@ SUPPORTED_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ti
 DEFAULT_MAX_PIXELS = 64_000_000  # a 8000 x 8000 photo; beyond this we call it a decompression bomb
 DEFAULT_MAX_CONCURRENT_DECODES = 2  # decodes at once per process; each may take hundreds of MB at the limit
 _EXIF_ORIENTATION = 0x0112
+# PIL ``info`` key of a draft-reduced image: ((full width, full height), (its own width, height)); the "aspect"
+# frame sizes its input from the full size, so that an image's patch grid follows from the size the index records
+FULL_SIZE_INFO = "regis_full_size"
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # rotations by 90 degrees: width and height swap
 
 
@@ -155,6 +158,8 @@ def _decode(data: bytes, max_pixels: int, draft_size: int | None) -> DecodedImag
             img.load()
             img = ImageOps.exif_transpose(img)
             rgb = _to_rgb(img, draft_size)
+            if rgb.size != (width, height):  # draft-reduced: the full size, for transforms that need it exactly
+                rgb.info[FULL_SIZE_INFO] = ((width, height), rgb.size)
     except ImageDecodeError:
         raise
     except UnidentifiedImageError as exc:

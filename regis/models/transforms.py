@@ -79,7 +79,9 @@ class _PadToSquare:
 
 
 class _AspectResize:
-    """PIL image -> PIL image of ``aspect_input_size(config, w, h)``: the whole frame, aspect ratio kept."""
+    """PIL image -> PIL image of ``aspect_input_size(config, w, h)``: the whole frame, aspect ratio kept. A
+    draft-reduced JPEG (``regis.images.decode``) is sized from its full w x h, the size an index records, so the
+    patch grid its buddies index is the one ``regis.models.geometry.image_grids`` gives for that size."""
 
     def __init__(self, config: EncoderConfig, interpolation):
         self.config, self.interpolation = config, interpolation
@@ -87,9 +89,11 @@ class _AspectResize:
     def __call__(self, img):
         from torchvision.transforms import functional as TF
 
+        from regis.images.decode import FULL_SIZE_INFO
         from regis.models.geometry import aspect_input_size
 
-        w, h = aspect_input_size(self.config, *img.size)
+        full, seen = img.info.get(FULL_SIZE_INFO, (img.size, img.size))
+        w, h = aspect_input_size(self.config, *(full if tuple(seen) == img.size else img.size))
         return TF.resize(img, [h, w], interpolation=self.interpolation)
 
 
