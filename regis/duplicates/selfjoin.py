@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+from threadpoolctl import threadpool_limits
 
 from regis.errors import ConfigError
 from regis.indexes import faiss_index
@@ -73,8 +73,13 @@ class CandidatePairs:
         return cls(a[first], b[first], s_ab[first], s_ba[first])
 
 
-def both_ways(query: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def both_ways(query: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """MaxSim of a query against documents, and of each document against the query, from one product.
+
+    NumPy, not torch: these products are small (T x c*T'), and threads cost more than they compute on them;
+    ``self_join`` runs it with BLAS on one thread (threadpoolctl), which torch's process-wide thread count does not
+    allow without changing the service's (on 2 busy cores, 1,024 queries of a 20,000-image collection of
+    ``python -m bench.duplicates``: torch with 2 threads 30 s, NumPy with 2 BLAS threads 11.5 s, with 1 5.3 s).
 
     Args:
         query: (T, D) float32 tokens.
@@ -84,8 +89,8 @@ def both_ways(query: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, to
         forward (c,) S(query, doc) and reverse (c,) S(doc, query), float32.
     """
     c, t, d = docs.shape
-    sims = (query @ docs.reshape(-1, d).to(query.dtype).T).view(query.shape[0], c, t)
-    return sims.amax(dim=2).sum(dim=0), sims.amax(dim=0).sum(dim=1)
+    sims = (query @ docs.reshape(-1, d).astype(np.float32, copy=False).T).reshape(query.shape[0], c, t)
+    return sims.max(axis=2).sum(axis=0), sims.max(axis=0).sum(axis=1)
 
 
 class _Join:
@@ -108,15 +113,15 @@ class _Join:
         ids = np.unique(token_ids // self.T)
         return ids[self.store.is_live(ids)]
 
-    def score(self, query: torch.Tensor, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def score(self, query: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(ids) == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        fwd, rev = both_ways(query, torch.from_numpy(self.store.get(ids)))
-        return fwd.numpy() / self.T, rev.numpy() / self.T
+        fwd, rev = both_ways(query, self.store.get(ids))
+        return fwd / self.T, rev / self.T
 
     def one(self, image_id: int, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray) -> CandidatePairs:
         """The kept pairs of one query image from its tokens' first-round neighbours (T, depth)."""
-        q = torch.from_numpy(query)
+        q = query
         cand = self.owners(token_ids.reshape(-1))
         cand = cand[cand != image_id]
         fwd, rev = self.score(q, cand)
@@ -190,7 +195,8 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
     ids = np.unique(ids[snapshot.store.is_live(ids)])
     join = _Join(snapshot, floor, neighbours, int(depth or snapshot.manifest.faiss.depth), nprobe, threads, complete)
     parts: list[CandidatePairs] = []
-    with torch.inference_mode():
+    # small products: one BLAS thread (process-wide while it runs: a concurrent search's NumPy products too)
+    with threadpool_limits(limits=1, user_api="blas"):
         for start in range(0, len(ids), batch):
             parts += join.batch(ids[start:start + batch])
             if progress is not None:
