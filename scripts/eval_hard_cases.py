@@ -154,12 +154,24 @@ def metrics_of(hits: dict[str, np.ndarray], kinds: np.ndarray) -> dict[str, dict
 def pooled_table(hits: dict[str, dict[str, np.ndarray]], kinds: np.ndarray, photos: np.ndarray,
                  reference: str = "maxsim-10") -> str:
     """Recall@1 pooled over seeds, per kind: n, each scorer's R@1 with its 95 % Wilson interval, and
-    ``reference`` minus each other scorer with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``).
+    ``reference`` minus each other scorer with its 95 % photo-cluster bootstrap interval (``recall_table``).
 
     ``hits``: {scorer: ``query_hits``' arrays concatenated over seeds}; ``kinds``, ``photos``: (Q,) per query."""
-    others = [name for name in hits if name != reference]
-    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{name + ' R@1 [95 %]':>24s}" for name in hits)
-    head += "".join(f"{reference + ' - ' + name + ' [95 %]':>34s}" for name in others)
+    return recall_table({name: h["R@1"] for name, h in hits.items()}, kinds, photos, reference, reference_first=True)
+
+
+def recall_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndarray, reference: str,
+                 reference_first: bool) -> str:
+    """Recall@1 per kind ("all", then each of ``QUERY_KINDS`` present) for each column of ``hits`` ({name: (Q,)
+    0/1 over the same queries}) with its 95 % Wilson interval, then the difference of each other column and
+    ``reference`` with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``): ``reference`` minus the
+    other when ``reference_first``, else the other minus ``reference``."""
+    others = [f for f in hits if f != reference]
+    width = {f: max(26, len(f) + 13) for f in hits}
+    dwidth = {f: max(36, len(f) + len(reference) + 12) for f in others}
+    label = {f: f"{reference} - {f}" if reference_first else f"{f} - {reference}" for f in others}
+    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{f + ' R@1 [95 %]':>{width[f]}s}" for f in hits)
+    head += "".join(f"{label[f] + ' [95 %]':>{dwidth[f]}s}" for f in others)
     lines = [head]
     for kind in ("all", *QUERY_KINDS):
         sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
@@ -167,13 +179,13 @@ def pooled_table(hits: dict[str, dict[str, np.ndarray]], kinds: np.ndarray, phot
             continue
         n = int(sel.sum())
         row = f"{kind:11s} {n:4d}"
-        for name in hits:
-            r1 = hits[name]["R@1"][sel]
-            lo, hi = wilson_interval(r1.sum(), n)
-            row += f"{r1.mean():9.3f} [{lo:.3f}, {hi:.3f}]"
-        for name in others:
-            d, lo, hi = paired_bootstrap(hits[reference]["R@1"][sel], hits[name]["R@1"][sel], photos[sel])
-            row += f"{d:+15.3f} [{lo:+.3f}, {hi:+.3f}]"
+        for f in hits:
+            lo, hi = wilson_interval(hits[f][sel].sum(), n)
+            row += f"{hits[f][sel].mean():{width[f] - 15}.3f} [{lo:.3f}, {hi:.3f}]"
+        for f in others:
+            first, second = (hits[reference], hits[f]) if reference_first else (hits[f], hits[reference])
+            d, lo, hi = paired_bootstrap(first[sel], second[sel], photos[sel])
+            row += f"{d:+{dwidth[f] - 19}.3f} [{lo:+.3f}, {hi:+.3f}]"
         lines.append(row)
     return "\n".join(lines)
 
@@ -274,28 +286,9 @@ def add_encoder_args(ap: argparse.ArgumentParser) -> None:
 
 
 def frame_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndarray, reference: str) -> str:
-    """Recall@1 per kind for each frame ({frame: (Q,) 0/1 over the same queries}) with its 95 % Wilson interval,
-    and each frame minus ``reference`` with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``)."""
-    others = [f for f in hits if f != reference]
-    width = {f: max(26, len(f) + 13) for f in hits}
-    dwidth = {f: max(36, len(f) + len(reference) + 12) for f in others}
-    head = f"{'kind':11s} {'n':>4s}" + "".join(f"{f + ' R@1 [95 %]':>{width[f]}s}" for f in hits)
-    head += "".join(f"{f + ' - ' + reference + ' [95 %]':>{dwidth[f]}s}" for f in others)
-    lines = [head]
-    for kind in ("all", *QUERY_KINDS):
-        sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
-        if not sel.any():
-            continue
-        n = int(sel.sum())
-        row = f"{kind:11s} {n:4d}"
-        for f in hits:
-            lo, hi = wilson_interval(hits[f][sel].sum(), n)
-            row += f"{hits[f][sel].mean():{width[f] - 15}.3f} [{lo:.3f}, {hi:.3f}]"
-        for f in others:
-            d, lo, hi = paired_bootstrap(hits[f][sel], hits[reference][sel], photos[sel])
-            row += f"{d:+{dwidth[f] - 19}.3f} [{lo:+.3f}, {hi:+.3f}]"
-        lines.append(row)
-    return "\n".join(lines)
+    """Recall@1 per kind for each frame ({frame: (Q,) 0/1 over the same queries}) and each frame minus
+    ``reference`` (``recall_table``)."""
+    return recall_table(hits, kinds, photos, reference, reference_first=False)
 
 
 def compare_frames(args) -> int:
