@@ -152,7 +152,9 @@ class CollectionRegistry:
 
     def _forget(self, name: str) -> None:
         """Drop a deleted collection: its queued jobs fail (``collection_deleted``), later submissions are refused,
-        its index is closed (searches under way finish on the version they hold)."""
+        its index is dropped, not closed: searches under way finish on the version they hold, and its table
+        connection and memory maps go when the last of them returns, as a swapped-out version's do (closing it
+        under them answered 500, "Cannot operate on a closed database": found by scripts/soak.py)."""
         with self._lock:
             live = self._live.pop(name, None)
             queue = self._jobs.pop(name, None)
@@ -162,8 +164,6 @@ class CollectionRegistry:
                 queue.close(cancel=JobError(code="collection_deleted", message=f"collection {name!r} was deleted"))
             except Exception:
                 log.exception("stopping the jobs of collection %s", name)
-        if live is not None:
-            live.close()
         if live is not None or queue is not None:
             log.info("collection %s deleted: closed", name)
 

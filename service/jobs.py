@@ -8,7 +8,7 @@ import time
 
 from starlette.concurrency import run_in_threadpool
 
-from regis.jobs.model import JobInfo, JobSpec, QueueUnavailableError
+from regis.jobs.model import JobError, JobInfo, JobSpec, QueueClosedError, QueueUnavailableError
 from regis.jobs.names import RedisNames
 from regis.jobs.queue import JobQueue
 from service.live import LiveIndex
@@ -27,10 +27,29 @@ class CollectionJobQueue(JobQueue):
         self.uid = uid
         self.owns = owns  # close() closes the queue underneath
         self.backend = queue.backend
+        self._closed: JobError | None = None  # why close() was called (the collection deleted, or shutting down)
 
     def submit(self, spec: JobSpec, job_id: str | None = None) -> JobInfo:
-        return self.queue.submit(spec.model_copy(update={"collection": self.collection,
-                                                         "collection_uid": self.uid}), job_id)
+        """Queue a job for this collection.
+
+        Raises:
+            QueueClosedError: the queue was closed (``collection_deleted``: the API answers 404), also when it was
+                closed under the call: its Redis connection then fails as in an outage (redis-py: "I/O operation
+                on closed file"), which answered 503 ``queue_unavailable`` (found by scripts/soak.py).
+            QueueUnavailableError: Redis cannot be reached.
+        """
+        self._check_open()
+        try:
+            return self.queue.submit(spec.model_copy(update={"collection": self.collection,
+                                                             "collection_uid": self.uid}), job_id)
+        except QueueUnavailableError:
+            self._check_open()
+            raise
+
+    def _check_open(self) -> None:
+        closed = self._closed
+        if closed is not None:
+            raise QueueClosedError(closed.message, code=closed.code)
 
     def get(self, job_id: str) -> JobInfo | None:
         info = self.queue.get(job_id)
@@ -42,7 +61,10 @@ class CollectionJobQueue(JobQueue):
     def ping(self) -> bool:
         return self.queue.ping()
 
-    def close(self, cancel=None) -> None:
+    def close(self, cancel: JobError | None = None) -> None:
+        """Take no more jobs (``cancel``: why, e.g. ``collection_deleted``; its jobs already in Redis are refused
+        by the worker through the collection's ``uid``); closes the queue underneath when it owns it."""
+        self._closed = cancel or JobError(code="queue_closed", message="the job queue is closed")
         if self.owns:
             self.queue.close()
 

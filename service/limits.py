@@ -8,9 +8,14 @@
   refused (413) at the first part past a limit, before the framework's parser spools it. The route group's
   total alone let a search with a read key send 600 parts of 1 MB (each spooled in memory: +1.7 GB of RSS for
   3 requests) or one file part of 600 MB before the route's own checks ran (issue 27, item 5).
+- Text fields must be UTF-8 (422 ``invalid_form_text``): Starlette decodes a text field that is not as Latin-1,
+  so the bytes of a lone surrogate in an upload's ``metadata`` were stored as other characters, answered 201
+  (found by scripts/soak.py; a PATCH of the same bytes is a 422).
 """
 
 from __future__ import annotations
+
+import codecs
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -72,11 +77,12 @@ MAX_FIELD_BYTES = 4 * MAX_METADATA_BYTES  # one text field (the routes check the
 
 
 class FormLimitExceeded(HTTPException):
-    """A form past one of ``FormLimitMiddleware``'s limits (413; ``code`` for the JSON error). An
-    ``HTTPException``, so that it leaves the framework's form parsing as itself."""
+    """A form past one of ``FormLimitMiddleware``'s limits (413; 422 for a text field that is not UTF-8;
+    ``code`` for the JSON error). An ``HTTPException``, so that it leaves the framework's form parsing as
+    itself."""
 
-    def __init__(self, code: str, message: str):
-        super().__init__(413, message)
+    def __init__(self, code: str, message: str, status_code: int = 413):
+        super().__init__(status_code, message)
         self.code = code
 
 
@@ -92,9 +98,11 @@ class _FormCounter:
         self.part_bytes = 0
         self.is_file = False
         self.header_name = self.disposition = b""
+        self.field_name = ""
+        self.text = codecs.getincrementaldecoder("utf-8")()  # a text field's bytes must be UTF-8
         self.broken = False  # malformed: the framework's parser answers for it
         self.parser = MultipartParser(boundary, {
-            "on_part_begin": self._part_begin, "on_part_data": self._part_data,
+            "on_part_begin": self._part_begin, "on_part_data": self._part_data, "on_part_end": self._part_end,
             "on_header_field": self._header_field, "on_header_value": self._header_value,
             "on_header_end": self._header_end, "on_headers_finished": self._headers_finished,
         })
@@ -129,6 +137,8 @@ class _FormCounter:
 
         _, options = parse_options_header(self.disposition)
         self.is_file = b"filename" in options
+        self.field_name = options.get(b"name", b"").decode("utf-8", "replace")[:80]
+        self.text.reset()
         if self.is_file:
             self.files += 1
             if self.files > self.max_files:
@@ -145,6 +155,19 @@ class _FormCounter:
                                                          f"{self.max_file_bytes:,} bytes")
         if not self.is_file and self.part_bytes > MAX_FIELD_BYTES:
             raise FormLimitExceeded("payload_too_large", f"a form field is larger than {MAX_FIELD_BYTES:,} bytes")
+        if not self.is_file:
+            self._check_text(data[start:end], final=False)
+
+    def _part_end(self) -> None:
+        if not self.is_file:
+            self._check_text(b"", final=True)
+
+    def _check_text(self, data: bytes, final: bool) -> None:
+        try:
+            self.text.decode(data, final)
+        except UnicodeDecodeError:
+            raise FormLimitExceeded("invalid_form_text", f"form field {self.field_name!r} is not UTF-8 text (a "
+                                                         "lone surrogate, or another encoding)", 422) from None
 
 
 class FormLimitMiddleware:

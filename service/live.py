@@ -207,7 +207,8 @@ class LiveIndex:
                 return False
             try:
                 snapshot = IndexSnapshot.open(self.index_dir, current)
-            except IndexFormatError as exc:  # e.g. removed by a writer's clean-up in between: next time
+            except (IndexFormatError, OSError) as exc:  # removed by a writer's clean-up in between (next time), or
+                # the collection deleted (its tombstone: NotADirectoryError)
                 self.last_error = str(exc)
                 log.warning("cannot open index version %s: %s", current, exc)
                 return False

@@ -20,7 +20,11 @@ from service.errors import APIError
 
 MAX_METADATA_BYTES = json_values.MAX_METADATA_BYTES
 _FAILURE_STATUS = {"invalid_job": 422, "invalid_image": 422, "encoder_mismatch": 409, "index_locked": 409,
-                   "index_unreadable": 503, "weights_unavailable": 503}
+                   "index_unreadable": 503, "weights_unavailable": 503,
+                   # the collection was deleted while the write waited for its job (cancelled, or refused by the
+                   # job): the same 404 as a write sent after the delete (was 500; found by scripts/soak.py)
+                   "collection_not_found": 404, "collection_deleted": 404}
+_FAILURE_CODE = {"collection_deleted": "collection_not_found"}
 
 
 def check_request_size(request: Request, settings) -> None:
@@ -116,4 +120,4 @@ def job_failure(info: JobInfo) -> APIError:
     message so the client can look it up)."""
     code = info.error.code if info.error else "job_failed"
     message = info.error.message if info.error else "the job failed"
-    return APIError(_FAILURE_STATUS.get(code, 500), code, f"{message} (job {info.id})")
+    return APIError(_FAILURE_STATUS.get(code, 500), _FAILURE_CODE.get(code, code), f"{message} (job {info.id})")

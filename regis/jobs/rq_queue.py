@@ -84,12 +84,20 @@ def redis_location(url: str) -> str:
 
 @contextlib.contextmanager
 def unavailable_as(message: str) -> Iterator[None]:
-    """Turn redis-py connection and timeout errors into ``QueueUnavailableError(message)``."""
+    """Turn redis-py connection and timeout errors into ``QueueUnavailableError(message)``; also a socket closed
+    under a read, which redis-py can let out as ``ValueError: I/O operation on closed file`` instead of a
+    ``ConnectionError`` (redis/redis-py#883, #947: a job submitted while Redis restarted answered 500, found by
+    scripts/soak.py)."""
     import redis
 
     try:
         yield
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        log.warning("%s: %s", message, exc)
+        raise QueueUnavailableError(message) from None
+    except ValueError as exc:
+        if "closed file" not in str(exc):
+            raise
         log.warning("%s: %s", message, exc)
         raise QueueUnavailableError(message) from None
 

@@ -131,6 +131,133 @@ def test_a_collection_deleted_during_a_build_searches_and_uploads_stays_deleted(
         assert up.status_code == 201 and c.get(f"{base}/images").json()["total"] == 1, up.text
 
 
+def test_writes_waiting_for_their_jobs_when_the_collection_is_deleted_answer_404(world, tmp_path, monkeypatch,
+                                                                                 one_thread):
+    """Found by scripts/soak.py (embedded mode): an upload, an image delete and a PATCH queued behind a running
+    job and waiting for their own (REGIS_WRITE_WAIT_S) when the collection is deleted: their jobs are cancelled
+    (``collection_deleted``) and each write was answered 500. Now the same 404 ``collection_not_found`` as a write
+    sent after the delete."""
+    root, settings = world
+    base = "/v1/collections/doomed"
+    release = tmp_path / "release"
+    with TestClient(create_app(settings)) as c:
+        r = c.post(f"{base}/images", files={"files": ("a.png", _png(1))})
+        assert r.status_code == 201, r.text
+        image_id = r.json()["images"][0]["id"]
+        monkeypatch.setenv(PAUSE_ENV, "build.batch-reported")
+        monkeypatch.setenv(RELEASE_ENV, str(release))
+        c.post(f"{base}/jobs/index", json={"folder": "photos"})
+        wait_until(lambda: (tmp_path / "release.reached").exists(), 120, 0.05, "the build's pause point")
+        queue = c.app.state.collections.jobs("doomed")
+        writes = {"upload": ("POST", f"{base}/images", {"files": {"files": ("b.png", _png(2))}}),
+                  "delete": ("DELETE", f"{base}/images/{image_id}", {}),
+                  "patch": ("PATCH", f"{base}/images/{image_id}", {"json": {"metadata": {"a": 1}}})}
+        answers = {}
+
+        def write(kind: str) -> None:
+            method, path, kw = writes[kind]
+            answers[kind] = c.request(method, path, **kw)
+
+        threads = [threading.Thread(target=write, args=(k,)) for k in writes]
+        for t in threads:
+            t.start()
+        wait_until(lambda: sum(j.state == "queued" for j in queue.list(10)) == 3, 30, 0.05, "the writes' jobs")
+        try:
+            assert c.delete(base).status_code == 204
+            for t in threads:
+                t.join(30)
+        finally:
+            release.touch()
+        for kind, r in answers.items():
+            assert r.status_code == 404 and r.json()["error"]["code"] == "collection_not_found", (kind, r.text)
+        assert len(answers) == 3 and not root.exists("doomed")
+
+
+def test_a_search_under_way_when_its_collection_is_deleted_finishes_on_its_version(world, one_thread):
+    """Found by scripts/soak.py (embedded mode, 14 of 1,900 searches of a collection created and deleted again
+    and again): the delete closed the collection's index under a search that held it, which answered 500
+    ("Cannot operate on a closed database"). The search is held inside the engine while the collection is
+    deleted; it must finish on the version it holds (200), and the next one answer 404."""
+    root, settings = world
+    base = "/v1/collections/doomed"
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        assert c.post(f"{base}/images", files={"files": ("a.png", _png(1))}).status_code == 201
+        table = c.app.state.collections.live("doomed").engine.snapshot.table
+        entered, go = threading.Event(), threading.Event()
+        original = table.get_many
+
+        def held(*args, **kwargs):  # the search has its candidates; it reads their rows next
+            entered.set()
+            go.wait(30)
+            return original(*args, **kwargs)
+
+        table.get_many = held
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(
+            r=c.post(f"{base}/search", files={"file": ("q.png", _png(1))})))
+        t.start()
+        try:
+            assert entered.wait(60), ("the search did not reach the table", t.join(30), answer)
+            assert c.delete(base).status_code == 204
+        finally:
+            go.set()
+            t.join(60)
+        r = answer["r"]
+        assert r.status_code == 200 and r.json()["results"][0]["score"] > 0, r.text
+        after = c.post(f"{base}/search", files={"file": ("q.png", _png(1))})
+        assert after.status_code == 404 and after.json()["error"]["code"] == "collection_not_found", after.text
+
+
+def test_a_redis_submission_cut_by_its_collections_delete_is_collection_not_found_not_an_outage():
+    """Found by scripts/soak.py (Redis mode, 4 of ~100 index jobs to a collection created and deleted again and
+    again): a delete closes the collection's Redis queue, whose connection then failed under a submission in
+    flight (redis-py: "I/O operation on closed file"), answered 503 ``queue_unavailable`` as if Redis were down.
+    The inner queue's submit is held until the delete has closed the collection's queue, then fails as redis-py
+    does; the submission must end as the delete says (``collection_deleted``: 404), and later ones at once."""
+    from regis.jobs.model import JobError, JobSpec, QueueClosedError, QueueUnavailableError
+    from service.jobs import CollectionJobQueue
+
+    entered, go = threading.Event(), threading.Event()
+
+    class Inner:  # a RedisJobQueue whose connection is closed under a submit in flight
+        backend = "redis"
+        closed = False
+
+        def submit(self, spec, job_id=None):
+            entered.set()
+            go.wait(10)
+            if self.closed:
+                raise QueueUnavailableError("the job queue (Redis) cannot be reached")
+            return spec
+
+        def close(self):
+            self.closed = True
+
+    queue = CollectionJobQueue(Inner(), "doomed", uid="0" * 32)
+    outcome = {}
+
+    def submit():
+        try:
+            outcome["info"] = queue.submit(JobSpec(kind="index", folder="photos"))
+        except Exception as exc:  # noqa: BLE001 (the outcome under test)
+            outcome["error"] = exc
+
+    t = threading.Thread(target=submit)
+    t.start()
+    assert entered.wait(10)
+    queue.close(cancel=JobError(code="collection_deleted", message="collection 'doomed' was deleted"))
+    go.set()
+    t.join(10)
+    assert isinstance(outcome.get("error"), QueueClosedError) and outcome["error"].code == "collection_deleted", outcome
+    with pytest.raises(QueueClosedError) as later:
+        queue.submit(JobSpec(kind="index", folder="photos"))
+    assert later.value.code == "collection_deleted"
+    plain = CollectionJobQueue(Inner(), "other")  # not closed: an outage stays an outage (503)
+    plain.queue.closed = True
+    with pytest.raises(QueueUnavailableError):
+        plain.submit(JobSpec(kind="index", folder="photos"))
+
+
 def test_a_job_queued_for_a_deleted_collection_never_writes_into_its_successor(tmp_path):
     """The incarnation check: a job submitted for collection ``c`` that only runs after ``c`` was deleted and
     created again is refused (``collection_not_found``); the new ``c`` stays empty."""

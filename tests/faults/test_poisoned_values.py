@@ -110,6 +110,25 @@ def test_upload_metadata_regis_cannot_store_is_refused_before_anything_is_staged
     assert not client.staging.exists() or list(client.staging.iterdir()) == []
 
 
+@pytest.mark.parametrize("raw", ['{"s": "x\ud800y"}'.encode("utf-8", "surrogatepass"),
+                                 '{"s": "caf\u00e9"}'.encode("latin-1")], ids=["raw-surrogate", "latin-1"])
+def test_upload_metadata_that_is_not_utf8_is_refused_not_stored_as_other_characters(client, raw):
+    """Found by scripts/soak.py: a lone surrogate sent as raw bytes (not UTF-8) in the upload's ``metadata``
+    field was decoded as Latin-1 by the form parser and stored as other characters (201); a PATCH of the same
+    bytes is a 422. Now refused while the form streams (422 ``invalid_form_text``), nothing staged."""
+    before = client.get("/v1/images").json()["total"]
+    r = client.post("/v1/images", files=[("files", ("d.png", _png("yellow")))], data={"metadata": raw})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_form_text", r.text
+    assert "metadata" in r.json()["error"]["message"]
+    assert client.get("/v1/images").json()["total"] == before
+    assert not client.staging.exists() or list(client.staging.iterdir()) == []
+    r = client.post("/v1/images", files=[("files", ("d.png", _png("yellow")))],
+                    data={"metadata": '{"s": "caf\u00e9 \U0001f600"}'.encode()})  # UTF-8: taken as sent
+    assert r.status_code == 201 and r.json()["images"][0]["status"] == "added", r.text
+    assert client.get(f"/v1/images/{r.json()['images'][0]['id']}").json()["metadata"]["s"] == "caf\u00e9 \U0001f600"
+    client.delete(f"/v1/images/{r.json()['images'][0]['id']}")
+
+
 BAD_FILTERS = [
     ('{"id": 18446744073709551616}', "filter.id"),
     ("id:99999999999999999999", "filter.id"),
