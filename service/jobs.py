@@ -52,11 +52,30 @@ class CollectionJobQueue(JobQueue):
             raise QueueClosedError(closed.message, code=closed.code)
 
     def get(self, job_id: str) -> JobInfo | None:
-        info = self.queue.get(job_id)
+        """A job of this collection, or None.
+
+        Raises:
+            QueueClosedError: the queue was closed, also under the call (its Redis connection closed under a read
+                fails in redis-py's own ways, e.g. ``AttributeError``: an upload waiting for its job as the
+                collection was deleted answered 500, found by scripts/soak.py).
+            QueueUnavailableError: Redis cannot be reached.
+        """
+        self._check_open()
+        try:
+            info = self.queue.get(job_id)
+        except Exception:
+            self._check_open()
+            raise
         return info if info is not None and info.params.get("collection") == self.collection else None
 
     def list(self, limit: int = 20) -> list[JobInfo]:
-        return self.queue.list(limit, collection=self.collection)
+        """This collection's recent jobs (raises as ``get``)."""
+        self._check_open()
+        try:
+            return self.queue.list(limit, collection=self.collection)
+        except Exception:
+            self._check_open()
+            raise
 
     def ping(self) -> bool:
         return self.queue.ping()

@@ -258,6 +258,54 @@ def test_a_redis_submission_cut_by_its_collections_delete_is_collection_not_foun
         plain.submit(JobSpec(kind="index", folder="photos"))
 
 
+def test_a_redis_job_read_cut_by_its_collections_delete_is_collection_not_found_not_a_crash():
+    """Found by scripts/soak.py (Redis mode, one upload to a collection created and deleted again and again): the
+    upload waited for its job (``await_job`` reading it) as the delete closed the collection's Redis queue, and
+    redis-py failed under the read with ``AttributeError: 'NoneType' object has no attribute 'readline'``: 500.
+    The read must end as the delete says (``collection_deleted``: 404), and later reads at once."""
+    from regis.jobs.model import JobError, QueueClosedError
+    from service.jobs import CollectionJobQueue
+
+    entered, go = threading.Event(), threading.Event()
+
+    class Inner:  # a RedisJobQueue whose connection is closed under a read in flight
+        backend = "redis"
+        closed = False
+
+        def get(self, job_id):
+            entered.set()
+            go.wait(10)
+            if self.closed:
+                raise AttributeError("'NoneType' object has no attribute 'readline'")  # as redis-py did
+
+        def list(self, limit, collection=None):
+            return []
+
+        def close(self):
+            self.closed = True
+
+    queue = CollectionJobQueue(Inner(), "doomed", uid="0" * 32)
+    outcome = {}
+
+    def read():
+        try:
+            outcome["info"] = queue.get("0" * 32)
+        except Exception as exc:  # noqa: BLE001 (the outcome under test)
+            outcome["error"] = exc
+
+    t = threading.Thread(target=read)
+    t.start()
+    assert entered.wait(10)
+    queue.close(cancel=JobError(code="collection_deleted", message="collection 'doomed' was deleted"))
+    go.set()
+    t.join(10)
+    assert isinstance(outcome.get("error"), QueueClosedError) and outcome["error"].code == "collection_deleted", outcome
+    for call in (lambda: queue.get("0" * 32), lambda: queue.list(5)):
+        with pytest.raises(QueueClosedError):
+            call()
+    assert CollectionJobQueue(Inner(), "other").list(5) == []  # an open queue reads as before
+
+
 def test_a_job_queued_for_a_deleted_collection_never_writes_into_its_successor(tmp_path):
     """The incarnation check: a job submitted for collection ``c`` that only runs after ``c`` was deleted and
     created again is refused (``collection_not_found``); the new ``c`` stays empty."""
