@@ -496,6 +496,9 @@ def test_a_snapshot_taken_while_ray_serve_takes_uploads_restores_elsewhere_to_th
         while len(uploaded) < 2:  # mid-write-loop
             time.sleep(0.1)
         report = snapshot(ray_served, tmp_path / "snap.tar")
+        # an upload committed after the snapshot (the one in flight may have committed just before it read)
+        while uploaded[-1] <= report.version and writer.is_alive():
+            time.sleep(0.1)
     finally:
         stop.set()
         writer.join(timeout=300)
