@@ -214,7 +214,7 @@ def test_a_redis_submission_cut_by_its_collections_delete_is_collection_not_foun
     flight (redis-py: "I/O operation on closed file"), answered 503 ``queue_unavailable`` as if Redis were down.
     The inner queue's submit is held until the delete has closed the collection's queue, then fails as redis-py
     does; the submission must end as the delete says (``collection_deleted``: 404), and later ones at once."""
-    from regis.jobs.model import JobError, JobSpec, QueueClosedError, QueueUnavailableError
+    from regis.jobs.model import JobSpec, QueueClosedError, QueueUnavailableError
     from service.jobs import CollectionJobQueue
 
     entered, go = threading.Event(), threading.Event()
@@ -234,20 +234,7 @@ def test_a_redis_submission_cut_by_its_collections_delete_is_collection_not_foun
             self.closed = True
 
     queue = CollectionJobQueue(Inner(), "doomed", uid="0" * 32)
-    outcome = {}
-
-    def submit():
-        try:
-            outcome["info"] = queue.submit(JobSpec(kind="index", folder="photos"))
-        except Exception as exc:  # noqa: BLE001 (the outcome under test)
-            outcome["error"] = exc
-
-    t = threading.Thread(target=submit)
-    t.start()
-    assert entered.wait(10)
-    queue.close(cancel=JobError(code="collection_deleted", message="collection 'doomed' was deleted"))
-    go.set()
-    t.join(10)
+    outcome = _cut_by_delete(queue, lambda: queue.submit(JobSpec(kind="index", folder="photos")), entered, go)
     assert isinstance(outcome.get("error"), QueueClosedError) and outcome["error"].code == "collection_deleted", outcome
     with pytest.raises(QueueClosedError) as later:
         queue.submit(JobSpec(kind="index", folder="photos"))
@@ -263,7 +250,7 @@ def test_a_redis_job_read_cut_by_its_collections_delete_is_collection_not_found_
     upload waited for its job (``await_job`` reading it) as the delete closed the collection's Redis queue, and
     redis-py failed under the read with ``AttributeError: 'NoneType' object has no attribute 'readline'``: 500.
     The read must end as the delete says (``collection_deleted``: 404), and later reads at once."""
-    from regis.jobs.model import JobError, QueueClosedError
+    from regis.jobs.model import QueueClosedError
     from service.jobs import CollectionJobQueue
 
     entered, go = threading.Event(), threading.Event()
@@ -285,20 +272,7 @@ def test_a_redis_job_read_cut_by_its_collections_delete_is_collection_not_found_
             self.closed = True
 
     queue = CollectionJobQueue(Inner(), "doomed", uid="0" * 32)
-    outcome = {}
-
-    def read():
-        try:
-            outcome["info"] = queue.get("0" * 32)
-        except Exception as exc:  # noqa: BLE001 (the outcome under test)
-            outcome["error"] = exc
-
-    t = threading.Thread(target=read)
-    t.start()
-    assert entered.wait(10)
-    queue.close(cancel=JobError(code="collection_deleted", message="collection 'doomed' was deleted"))
-    go.set()
-    t.join(10)
+    outcome = _cut_by_delete(queue, lambda: queue.get("0" * 32), entered, go)
     assert isinstance(outcome.get("error"), QueueClosedError) and outcome["error"].code == "collection_deleted", outcome
     for call in (lambda: queue.get("0" * 32), lambda: queue.list(5)):
         with pytest.raises(QueueClosedError):
@@ -366,3 +340,25 @@ def test_redis_jobs_are_listed_per_collection_and_refused_once_their_collection_
         assert c.get("/v1/collections/a").json()["images"] == 0
         assert c.get(f"/v1/collections/b/jobs/{ids['b']}").json()["state"] == "done"
         assert c.get("/v1/collections/b").json()["images"] == 21
+
+
+def _cut_by_delete(queue, call, entered: threading.Event, go: threading.Event) -> dict:
+    """Run ``call`` on a thread; once its inner queue signals ``entered`` (the call is in flight), close ``queue``
+    as a collection delete does, then let the call go on (``go``). Returns {"info": result} or {"error": exc}."""
+    from regis.jobs.model import JobError
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["info"] = call()
+        except Exception as exc:  # noqa: BLE001 (the outcome under test)
+            outcome["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert entered.wait(10)
+    queue.close(cancel=JobError(code="collection_deleted", message="collection 'doomed' was deleted"))
+    go.set()
+    t.join(10)
+    return outcome
