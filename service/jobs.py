@@ -140,8 +140,26 @@ async def await_job(queue: JobQueue, live: LiveIndex, job_id: str, timeout_s: fl
         log.warning("the job queue went away while waiting for job %s: answering with its job id", job_id)
         return info
     if info is not None and info.state == "done":
-        version = (info.result or {}).get("version")
-        while version is not None and (live.version or 0) < version and time.monotonic() < deadline + 5:
-            if not await run_in_threadpool(live.refresh):
-                await asyncio.sleep(0.02)
+        await await_served(live, info, deadline + 5 - time.monotonic())
     return info
+
+
+async def await_served(live: LiveIndex | None, info: JobInfo, timeout_s: float) -> bool:
+    """Once a job is done, wait (without blocking the event loop) until ``live`` serves the version it published,
+    for at most ``timeout_s`` seconds: a client that sees "done" then reads its own write (read-your-writes), even
+    when the job ran elsewhere (a Redis worker, the Ray ``Writer``) and the index watcher has not polled yet.
+
+    Returns True when that version (or a newer one) is served, or there is nothing to wait for (no live index,
+    a job that is not done or published no version); False when ``timeout_s`` passed first.
+    """
+    version = (info.result or {}).get("version") if info.state == "done" else None
+    if live is None or version is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while (live.version or 0) < version:
+        if time.monotonic() >= deadline:
+            log.warning("job %s published version %d; still serving %s", info.id, version, live.version)
+            return False
+        if not await run_in_threadpool(live.refresh):
+            await asyncio.sleep(0.02)
+    return True

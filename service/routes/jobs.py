@@ -11,7 +11,9 @@ from regis.api.schemas import ErrorResponse, IndexJobRequest, JobList
 from regis.jobs.folders import FolderError, resolve_folder
 from regis.jobs.model import JobInfo, JobSpec
 from regis.jobs.queue import JobQueue
-from service.deps import get_jobs, get_settings
+from service.deps import get_jobs, get_live, get_settings
+from service.jobs import await_served
+from service.live import LiveIndex
 from service.errors import APIError
 from service.settings import Settings
 
@@ -19,6 +21,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])  # under /v1 and /v1/collectio
 
 _FOLDER_STATUS = {"forbidden": (403, "folder_forbidden"), "not_found": (404, "folder_not_found"),
                   "invalid": (422, "invalid_folder")}
+_SERVED_WAIT_S = 5.0  # seconds GET /v1/jobs/{id} waits for a done job's version to be served
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 403, 404, 422, 501, 503)}
 
 
@@ -48,12 +51,19 @@ async def submit_index_job(
 
 
 @router.get("/{job_id}", response_model=JobInfo, responses=_ERRORS)
-async def get_job(job_id: str, queue: Annotated[JobQueue, Depends(get_jobs)]) -> JobInfo:
+async def get_job(
+    job_id: str,
+    queue: Annotated[JobQueue, Depends(get_jobs)],
+    live: Annotated[LiveIndex | None, Depends(get_live)],
+) -> JobInfo:
     """A job's state (queued, running, done, failed), progress (images done / total, images/s, skipped),
-    result (the index version it published, counts, skipped files) or error."""
+    result (the index version it published, counts, skipped files) or error. "done" is answered once this
+    server serves the version the job published (read-your-writes: the next search or listing sees it), waiting
+    up to ``_SERVED_WAIT_S`` for the index watcher; after that it answers "done" anyway."""
     info = await run_in_threadpool(queue.get, job_id)
     if info is None:
         raise APIError(404, "job_not_found", f"no job with id {job_id[:64]!r} (finished jobs expire)")
+    await await_served(live, info, _SERVED_WAIT_S)
     return info
 
 
