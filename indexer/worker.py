@@ -6,7 +6,8 @@ Each job runs in a work horse forked from the worker (RQ's default), which loads
 take the worker with it. The worker heartbeats every ``job_monitoring_interval_s``; a worker that dies
 entirely leaves its job in RQ's started registry, where any worker's registry clean-up (every
 ``maintenance_interval_s``) finds it once the heartbeat is ``heartbeat_grace_s`` late, and re-queues it (or
-marks it failed when it has no retries left). Index versions are published atomically, so a killed job
+marks it failed when it has no retries left). The clean-up runs under a lock that lapses after
+``maintenance_lock_s`` (RQ's lasted 15 minutes when the worker holding it was killed). Index versions are published atomically, so a killed job
 leaves nothing half-written, and a retried job redoes only what was not committed.
 """
 
@@ -26,6 +27,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from regis.errors import ConfigError, IndexLockedError, RegisError
+from regis.faults import crash_point, pause_point
 from regis.jobs.model import JobError, JobSpec, error_code
 from regis.jobs.names import DEFAULT_PREFIX, RedisNames
 from regis.settings_types import FrameName, QueryLayoutName, RedisPrefix, RedisURL, TorchDevice
@@ -231,6 +233,38 @@ def _die_with_worker() -> None:
         os._exit(1)
 
 
+def maintenance_lock_s(settings: WorkerSettings) -> int:
+    """How long a worker holds its queue's registry-cleaning lock at most, seconds: the heartbeat grace plus one
+    maintenance interval, at least 10 s (a cleaning takes milliseconds; the lock only keeps two workers from
+    re-queuing the same abandoned job at once)."""
+    return max(10, settings.maintenance_interval_s + settings.heartbeat_grace_s)
+
+
+def _queue_class():
+    from rq import Queue
+
+    class RegisQueue(Queue):
+        """RQ's queue with a registry-cleaning lock that lapses after ``maintenance_lock_s`` (RQ's lasts 899 s).
+
+        RQ's worker takes this lock before it cleans the queue's registries (``StartedJobRegistry.cleanup``
+        re-queues the jobs of dead workers) and deletes it afterwards; a worker SIGKILLed inside that window, or
+        whose Redis was killed there (the append-only file keeps the key and its expiry), left it for 15 minutes,
+        and no worker re-queued an abandoned job meanwhile: the Redis soak ended with a job still "running"
+        300 s after the load (``settled: false``, docs/DEPLOY.md). Reproduced by the crash point
+        ``worker.maintenance-locked`` (``tests/faults/test_worker_faults.py``)."""
+
+        maintenance_lock_s = 60
+
+        def acquire_maintenance_lock(self) -> bool:
+            acquired = bool(self.connection.set(self.registry_cleaning_key, 1, nx=True, ex=self.maintenance_lock_s))
+            if acquired:
+                crash_point("worker.maintenance-locked")
+                pause_point("worker.maintenance-locked")
+            return acquired
+
+    return RegisQueue
+
+
 def _worker_class():
     import threading
 
@@ -314,7 +348,6 @@ def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None =
         QueueUnavailableError: Redis cannot be reached at startup.
     """
     global _settings, _worker_pid
-    from rq import Queue
     from rq.serializers import JSONSerializer
 
     from regis.jobs.rq_queue import redis_connection, redis_location, unavailable_as
@@ -328,11 +361,13 @@ def run_worker(settings: WorkerSettings, burst: bool = False, name: str | None =
     names = RedisNames(settings.redis_prefix)
     with unavailable_as(f"Redis at {redis_location(settings.redis_url)} cannot be reached"):
         conn.ping()
-    queue = Queue(names.queue, connection=conn, serializer=JSONSerializer)
+    queue_class = _queue_class()
+    queue_class.maintenance_lock_s = maintenance_lock_s(settings)
+    queue = queue_class(names.queue, connection=conn, serializer=JSONSerializer)
     base_name = name or default_worker_name()
     for incarnation in itertools.count():
         worker = _worker_class()(
-            [queue], connection=conn, serializer=JSONSerializer,
+            [queue], connection=conn, serializer=JSONSerializer, queue_class=queue_class,
             name=base_name if incarnation == 0 else f"{base_name}.{incarnation}",
             job_monitoring_interval=settings.job_monitoring_interval_s,
             maintenance_interval=settings.maintenance_interval_s,

@@ -19,6 +19,8 @@ Points (where the window is):
     ``build.batch-staged``       folder build: a batch is staged, the build not committed (the next run resumes).
     ``job.published``            job (index, add, delete, metadata): its new version is live, the job not yet reported
                                  done (a re-run then replays the result: ``indexer.job_record``).
+    ``worker.maintenance-locked`` worker: it holds its queue's registry-cleaning lock (RQ), the registries not
+                                 yet cleaned (also a pause point).
 
 Named pause points hold a process inside a window instead of killing it: ``REGIS_PAUSE_AT=<point>`` with
 ``REGIS_PAUSE_RELEASE=PATH`` makes the process, at that point, create ``PATH.reached`` and wait until ``PATH``
@@ -28,6 +30,7 @@ Redis, say) while the process is in the window, however fast the machine is.
 Pause points:
     ``build.batch-reported``     folder build: a batch is embedded and its progress reported, the next batch not
                                  yet embedded (the job is under way, nothing committed).
+    ``worker.maintenance-locked`` worker: as the crash point of that name (a test kills Redis in the window).
     ``snapshot.state-read``      snapshot: the published state is read, its files not yet linked (writes that
                                  go on may collect them: the snapshot starts over from the newer state).
 """

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(REDIS_SERVER is None,
                                                    reason="needs redis-server (make system-deps installs it)")]
 WORKER_ARGS = ["worker", "--job-monitoring-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1",
                "--log-level", "info"]
+LOCK_KEY = f"rq:clean_registries:{RedisNames('faults').queue}"  # RQ's registry-cleaning lock of the queue
 
 
 class DurableRedis:
@@ -216,3 +217,72 @@ def test_a_job_killed_after_it_published_is_retried_and_reports_its_first_run(se
     finally:
         snap.close()
     assert not (uploads / STAGING_DIR / batch).exists() or not any((uploads / STAGING_DIR / batch).iterdir())
+
+
+def _rows(index_dir) -> list:
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index_dir)
+    try:
+        return list(snap.table.iter_all())
+    finally:
+        snap.close()
+
+
+def _killed_mid_job_then_rerun(redis, env, procs, tmp_path, bound_s: float = 45):
+    """Submit an index job, SIGKILL its worker (the process group: worker and work horse, as the soak does) once
+    embedding is under way, start a fresh worker, and check the abandoned job goes back to the queue within
+    ``bound_s`` seconds of the kill and completes once: 63 images, each once."""
+    worker = regis_process(WORKER_ARGS, env, tmp_path / "worker-busy.log")
+    procs.append(worker)
+    queue = RedisJobQueue(redis.url, RedisNames("faults"), retries=2)
+    job_id = queue.submit(JobSpec(kind="index", folder="many")).id
+    _under_way(queue, job_id)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    killed_at = time.monotonic()
+    procs.append(regis_process(WORKER_ARGS, env, tmp_path / "worker-next.log"))
+    wait_until(lambda: (info := queue.get(job_id)) and (info.attempts >= 2 or info.state in ("done", "failed")),
+               bound_s, 0.1, f"the abandoned job to be taken again within {bound_s:.0f} s of its worker's kill")
+    rerun_after_s = time.monotonic() - killed_at
+    info = _done(queue, job_id)
+    assert info.state == "done" and info.attempts == 2, info
+    assert info.result["added"] == 63 and info.result["version"] == 1, info.result
+    rows = _rows(tmp_path / "index")
+    assert len(rows) == 63 and len({r.sha256 for r in rows}) == 63  # none lost, none twice
+    return rerun_after_s
+
+
+def test_a_worker_killed_holding_the_cleaning_lock_does_not_strand_abandoned_jobs(setup, tmp_path):
+    """A worker SIGKILLs itself right after taking its queue's registry-cleaning lock
+    (``REGIS_CRASH_AT=worker.maintenance-locked``, once). RQ's lock lasted 899 s, so for 15 minutes no worker
+    re-queued the job of a worker killed later (the Redis soak's ``settled: false``: a job "running" 300 s after
+    the load). Now the lock lapses after ``maintenance_lock_s`` (10 s here) and the job is taken again within
+    the bound, and completes once."""
+    redis, env, procs = setup
+    marker = tmp_path / "crashed-once"
+    crashing = regis_process(WORKER_ARGS, {**env, "REGIS_CRASH_AT": "worker.maintenance-locked",
+                                           "REGIS_CRASH_ONCE": str(marker)}, tmp_path / "worker-crash.log")
+    procs.append(crashing)
+    assert crashing.wait(timeout=120) == -signal.SIGKILL and marker.exists()  # the window was hit
+    assert redis_connection(redis.url).ttl(LOCK_KEY) > 0  # and the lock left behind
+    _killed_mid_job_then_rerun(redis, env, procs, tmp_path)
+
+
+def test_redis_killed_while_a_worker_holds_the_cleaning_lock_does_not_strand_abandoned_jobs(setup, tmp_path):
+    """Redis is killed while the worker is held right after taking the registry-cleaning lock
+    (``REGIS_PAUSE_AT=worker.maintenance-locked``) and restarted from its append-only file, which keeps the lock;
+    the worker never deletes it. A job whose worker is killed later is still taken again within the bound."""
+    redis, env, procs = setup
+    release = tmp_path / "release"
+    paused = regis_process(WORKER_ARGS, {**env, PAUSE_ENV: "worker.maintenance-locked", RELEASE_ENV: str(release)},
+                           tmp_path / "worker-paused.log")
+    procs.append(paused)
+    wait_until(lambda: (tmp_path / "release.reached").exists(), 120, 0.05, "the worker to take the lock")
+    redis.kill()
+    release.touch()  # the cleaning fails on the dead connection: the lock is never deleted
+    time.sleep(3)
+    redis.start()
+    assert redis_connection(redis.url).ttl(LOCK_KEY) > 0  # the lock survived the restart
+    stop(paused, 20)
+    _killed_mid_job_then_rerun(redis, env, procs, tmp_path)
