@@ -7,8 +7,9 @@ take the worker with it. The worker heartbeats every ``job_monitoring_interval_s
 entirely leaves its job in RQ's started registry, where any worker's registry clean-up (every
 ``maintenance_interval_s``) finds it once the heartbeat is ``heartbeat_grace_s`` late, and re-queues it (or
 marks it failed when it has no retries left). The clean-up runs under a lock that lapses after
-``maintenance_lock_s`` (RQ's lasted 15 minutes when the worker holding it was killed). Index versions are published atomically, so a killed job
-leaves nothing half-written, and a retried job redoes only what was not committed.
+``maintenance_lock_s`` (RQ's lasted 15 minutes when the worker holding it was killed). Index versions are
+published atomically, so a killed job leaves nothing half-written, and a retried job redoes only what was not
+committed.
 """
 
 from __future__ import annotations
