@@ -26,9 +26,13 @@ each, ``--clients`` of the first four):
 At the end every process is restarted cleanly, the jobs are let finish, ``chaos`` is deleted, and the script
 reconciles what clients were told with the index:
 
-- lost: an upload answered 201 (or 202 whose job finished) whose image is not live and was not deleted; an
-  image a delete answered 404 without an earlier unanswered delete of it; a PATCH answered 200 whose value is
-  not the live one (``metadata_lost``; a later unanswered PATCH of that image makes it uncertain, not counted);
+- lost (each image once, ``Ledger.losses``): an upload answered 201 (or 202 whose job finished) whose image is
+  not live at the end, that no delete acknowledged and that no delete without a definite answer may have
+  removed (those are ``gone_after_unanswered_delete``, not counted); an image a delete's job found already gone
+  (200 ``deleted: false``) with no unanswered delete before. A delete answered 404 proves nothing by itself (the
+  API may still serve the version before the upload's job): the final index judges. A PATCH answered 200 whose
+  value is not the live one (``metadata_lost``; a later unanswered PATCH of that image makes it uncertain, not
+  counted);
 - duplicated: two live rows with the same bytes;
 - orphaned: uploaded files no live row points at, staged batches whose job is unknown or finished, thumbnails of
   contents no live image has, anything left in the collections root but the tombstone of ``chaos``.
@@ -246,11 +250,18 @@ class Ledger:
         self.dropped_while_api_up = 0
         self.present: dict[str, int] = {}  # sha256 -> id, answered 201 (or a finished 202)
         self.pending: dict[str, str] = {}  # job id -> sha256, answered 202
-        self.deleted: set[int] = set()  # answered 200 deleted=true
-        self.uncertain: set[str] = set()  # sha256 whose upload or delete got no answer
-        self.delete_unanswered: set[int] = set()  # ids whose delete got no answer, a 5xx or a 202
-        self.delete_jobs: dict[str, int] = {}  # job id -> image id, delete answered 202
-        self.missing: set[int] = set()  # acknowledged images a delete found gone (a loss)
+        self.deleted: set[int] = set()  # answered 200 deleted=true (or a 202 whose job deleted it)
+        self.uncertain: set[str] = set()  # sha256 whose upload got no answer
+        # ids a delete of which got no definite answer (none, a 5xx or a 202): that delete may have run, now or
+        # later. Never cleared: a later answer to another delete does not say the earlier one did not run.
+        self.delete_unanswered: set[int] = set()
+        self.delete_jobs: dict[str, tuple[int, bool]] = {}  # job id -> (image id, earlier unanswered delete),
+        # a delete answered 202
+        self.gone_by_unanswered: set[int] = set()  # a delete's job found it gone after an unanswered delete
+        self.not_found: set[int] = set()  # a delete answered 404: not in the version the API served (not proof
+        # of a loss: the API may still serve the version before the upload's job; the end judges)
+        self.missing: set[int] = set()  # a delete's job found it gone with no unanswered delete before (a loss)
+        self.delete_notes: collections.Counter = collections.Counter()  # how ambiguous delete answers were read
         self.tags: dict[int, int | None] = {}  # image id -> the tag the last PATCH answered 200 set
         self.tags_uncertain: set[int] = set()  # images a PATCH of which got no 200 or 4xx (its job may run later)
         self.windows = {name: [0, False] for name in components}  # name -> [epoch, down]
@@ -332,6 +343,67 @@ class Ledger:
     def http_5xx_while_up(self) -> int:
         return sum(n for k, n in self.fivexx.items() if k.endswith("(while up)"))
 
+    # -- deletes of the default collection, and what they say at the end
+    def deletable(self) -> list[tuple[str, int]]:
+        """(sha256, id) of acknowledged images no delete has answered for (deleted, gone or not found)."""
+        with self.lock:
+            done = self.deleted | self.gone_by_unanswered | self.not_found | self.missing
+            return [(s, i) for s, i in self.present.items() if i not in done]
+
+    def delete_sent(self, image_id: int) -> bool:
+        """Note a delete about to be sent; returns whether an earlier delete of it got no definite answer."""
+        with self.lock:
+            earlier = image_id in self.delete_unanswered
+            self.delete_unanswered.add(image_id)  # until answered: it may run whatever happens to the request
+            return earlier
+
+    def delete_answered(self, image_id: int, status: int, body: dict, earlier: bool) -> None:
+        """Read a delete's answer (``status`` < 500; a 5xx or no answer leaves it unanswered).
+
+        - 200 ``deleted: true``: acknowledged. 202: its job is read back at the end (``delete_jobs``).
+        - 200 ``deleted: false``: the API served a version holding the image, and the job found it gone from the
+          index: an earlier unanswered delete ran (``gone_by_unanswered``); with none, a loss (``missing``).
+        - 404: the image is not in the version the API served. Either an earlier delete ran, or the API still
+          serves the version before the upload's job (a 202 promises no read-your-writes; the client may have
+          seen the job done), or a loss: only the final index tells (``not_found``; not picked again).
+        """
+        with self.lock:
+            if status == 202:
+                self.delete_jobs[body["job_id"]] = (image_id, earlier)
+                return
+            if status == 200 or status == 404 or 400 <= status < 500:
+                if not earlier:
+                    self.delete_unanswered.discard(image_id)  # a definite answer, and no earlier doubt
+            if status == 200 and body.get("deleted"):
+                self.deleted.add(image_id)
+            elif status == 200:
+                (self.gone_by_unanswered if earlier else self.missing).add(image_id)
+                self.delete_notes["200 deleted:false " + ("after an unanswered delete" if earlier
+                                                          else "(a loss)")] += 1
+            elif status == 404:
+                self.not_found.add(image_id)
+                self.delete_notes["404 " + ("after an unanswered delete" if earlier else "(judged at the end)")] += 1
+
+    def losses(self, live_sha: collections.Counter, live_ids: set[int]) -> dict[str, list]:
+        """Reconcile the answers with the final index; each image counted once.
+
+        Args:
+            live_sha: sha256 -> live rows holding those bytes.
+            live_ids: ids of the live rows.
+
+        Returns:
+            {"lost": acknowledged images not live that no delete acknowledged and no unanswered delete may
+            have removed, and images a delete's job found gone with no delete before; "deleted_but_present":
+            images acknowledged deleted (or found gone) that are live; "gone_after_unanswered_delete": not live,
+            with only an unanswered delete to explain it (not counted as lost)} as sorted id lists.
+        """
+        with self.lock:
+            gone = self.deleted | self.gone_by_unanswered
+            not_live = {i for sha, i in self.present.items() if live_sha[sha] == 0 and i not in gone}
+            lost = {i for i in not_live if i not in self.delete_unanswered} | (self.missing - gone)
+            return {"lost": sorted(lost), "deleted_but_present": sorted(i for i in gone if i in live_ids),
+                    "gone_after_unanswered_delete": sorted((not_live & self.delete_unanswered) - lost)}
+
 
 def error_code(r: httpx.Response) -> str | None:
     try:
@@ -393,10 +465,7 @@ class Client:
 
     def live_image(self) -> int | None:
         """A live image of the default collection: an acknowledged upload not deleted, or one of the photos."""
-        with self.ledger.lock:
-            candidates = [i for i in self.ledger.present.values()
-                          if i not in self.ledger.deleted and i not in self.ledger.missing]
-            candidates += self.ledger.fixed_ids
+        candidates = [i for _, i in self.ledger.deletable()] + self.ledger.fixed_ids
         return self.rng.choice(candidates) if candidates else None
 
     # -- the default collection
@@ -422,37 +491,17 @@ class Client:
                 ledger.uncertain.discard(sha)
 
     def step_delete(self) -> None:
-        ledger = self.ledger
-        with ledger.lock:
-            candidates = [(s, i) for s, i in ledger.present.items()
-                          if i not in ledger.deleted and i not in ledger.missing]
+        candidates = self.ledger.deletable()
         if len(candidates) < 5:
             self.learn_finished_uploads()
             time.sleep(0.2)
             return
-        sha, image_id = self.rng.choice(candidates)
-        with ledger.lock:
-            ledger.uncertain.add(sha)
-            earlier = image_id in ledger.delete_unanswered  # an earlier delete got no definite answer
-            ledger.delete_unanswered.add(image_id)
+        _, image_id = self.rng.choice(candidates)
+        earlier = self.ledger.delete_sent(image_id)
         r = self.call("delete", "DELETE", f"/v1/images/{image_id}")
-        with ledger.lock:
-            if r.status_code == 200:
-                if r.json()["deleted"]:
-                    ledger.deleted.add(image_id)
-                ledger.delete_unanswered.discard(image_id)
-                ledger.uncertain.discard(sha)
-            elif r.status_code == 202:
-                ledger.delete_jobs[r.json()["job_id"]] = image_id
-            elif r.status_code == 404 and earlier:  # that earlier delete ran after all
-                ledger.deleted.add(image_id)
-                ledger.uncertain.discard(sha)
-                ledger.outcomes["delete 404 (an earlier unanswered delete ran)"] += 1
-            elif r.status_code < 500 and not earlier:  # a definite answer (a plain 404 is a loss)
-                ledger.delete_unanswered.discard(image_id)
-                ledger.uncertain.discard(sha)
-                if r.status_code == 404:
-                    ledger.missing.add(image_id)  # not picked again; the reconciliation counts it lost
+        if r.status_code < 500:
+            self.ledger.delete_answered(image_id, r.status_code, r.json() if r.status_code in (200, 202) else {},
+                                        earlier)
 
     def learn_finished_uploads(self, limit: int = 20) -> None:
         """Ask for the jobs of uploads answered 202 (Redis mode under load: most are): a finished one makes its
@@ -785,11 +834,12 @@ def reconcile_jobs(http: httpx.Client, ledger: Ledger) -> dict:
             gone += 1
         elif info.get("state") == "failed":
             failed += 1
-    for job_id, image_id in list(ledger.delete_jobs.items()):
+    for job_id, (image_id, earlier) in list(ledger.delete_jobs.items()):
         r = http.get(f"/v1/jobs/{job_id}")
         info = r.json() if r.status_code == 200 else {}
-        if info.get("state") == "done" and image_id in info["result"].get("deleted", []):
-            ledger.deleted.add(image_id)
+        if info.get("state") == "done":  # the job ran: read as if its request had waited for it
+            ledger.delete_answered(image_id, 200, {"deleted": image_id in info["result"].get("deleted", [])},
+                                   earlier)
     return {"pending_jobs_gone": gone, "pending_jobs_failed": failed}
 
 
@@ -926,10 +976,8 @@ def main() -> None:
     live_sha = collections.Counter(r.sha256 for r in rows)
     live_ids = {r.id for r in rows}
     by_id = {r.id: r for r in rows}
-    lost = [sha for sha, i in ledger.present.items()
-            if i not in ledger.deleted and sha not in ledger.uncertain and live_sha[sha] == 0]
-    missing = [i for i in ledger.missing if i not in ledger.deleted]
-    resurrected = [i for i in ledger.deleted if i in live_ids]
+    judged = ledger.losses(live_sha, live_ids)
+    lost, resurrected = judged["lost"], judged["deleted_but_present"]
     duplicated = [sha for sha, n in live_sha.items() if n > 1]
     unanswered_live = [r for r in rows if r.path.startswith(".uploads/") and r.sha256 not in ledger.present]
     metadata_lost = [i for i, tag in ledger.tags.items() if i not in ledger.tags_uncertain and i in by_id
@@ -973,7 +1021,9 @@ def main() -> None:
         "patches_acknowledged": sum(n for k, n in ledger.outcomes.items() if k == "meta-patch 200"),
         "patched_images_checked": sum(1 for i in ledger.tags if i not in ledger.tags_uncertain and i in by_id),
         **jobs_before_restart, "pending_jobs_gone_after_restart": jobs_after["pending_jobs_gone"],
-        "images_live": len(rows), "lost": len(lost) + len(missing), "metadata_lost": len(metadata_lost),
+        "images_live": len(rows), "lost": len(lost), "metadata_lost": len(metadata_lost),
+        "gone_after_unanswered_delete": len(judged["gone_after_unanswered_delete"]),
+        "delete_answers_read": dict(ledger.delete_notes),
         "deleted_but_present": len(resurrected), "duplicated": len(duplicated),
         "uploads_live_without_2xx": len(unanswered_live),
         "orphaned_files": len(orphan_files), "orphaned_staging": len(orphan_staged),
@@ -997,7 +1047,7 @@ def main() -> None:
         "timeline": timeline,
         "load_avg_end": os.getloadavg(),
         "workdir": str(work),
-        "examples": {"lost": lost[:5], "missing": missing[:5], "orphan_files": orphan_files[:5],
+        "examples": {"lost": lost[:5], "orphan_files": orphan_files[:5],
                      "orphan_staged": orphan_staged[:5], "orphan_thumbnails": orphan_thumbs[:5],
                      "metadata_lost": metadata_lost[:5]},
     }

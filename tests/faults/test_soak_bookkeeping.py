@@ -166,3 +166,75 @@ def test_disk_bytes_count_a_hard_linked_file_once(soak, tmp_path):
     os.link(tmp_path / "a" / "f", tmp_path / "g")  # an upload placed by a hard link, its staged file kept
     one = soak.disk_bytes([tmp_path / "a"])
     assert one >= 100_000 and soak.disk_bytes([tmp_path]) == one
+
+
+def _acknowledged(ledger, *ids: int) -> dict[int, str]:
+    """Uploads answered 201 (sha256 stand-ins); returns id -> sha."""
+    shas = {i: f"sha-{i}" for i in ids}
+    ledger.present.update({sha: i for i, sha in shas.items()})
+    return shas
+
+
+def _delete(ledger, image_id: int, status: int | None, body: dict | None = None) -> None:
+    """One delete as ``Client.step_delete`` sends it; ``status`` None: no answer (a transport error)."""
+    earlier = ledger.delete_sent(image_id)
+    if status is not None and status < 500:
+        ledger.delete_answered(image_id, status, body or {}, earlier)
+
+
+def _final(ledger, shas: dict[int, str], live: set[int]) -> dict:
+    import collections
+
+    return ledger.losses(collections.Counter(shas[i] for i in live), live)
+
+
+def test_a_delete_that_ran_without_an_answer_is_not_counted_lost_once_or_twice(soak):
+    """Image 62 of the Redis run (docs/DEPLOY.md): a delete got no usable answer but its job ran; the next
+    delete's job found it gone (200 deleted: false), a third answered 404. It was counted lost twice (an
+    acknowledged upload not live, and a delete answered 404); it is no loss."""
+    ledger = soak.Ledger()
+    shas = _acknowledged(ledger, 62, 63)
+    _delete(ledger, 62, None)  # its job ran; the answer was lost with the API
+    _delete(ledger, 62, 200, {"deleted": False})
+    assert (62, "sha-62") not in [(i, s) for s, i in ledger.deletable()]  # not picked again
+    _delete(ledger, 62, 404)
+    _delete(ledger, 63, 503)  # a delete that got a 5xx, then nothing more
+    assert _final(ledger, shas, live=set()) == {"lost": [], "deleted_but_present": [],
+                                                "gone_after_unanswered_delete": [63]}
+    assert _final(ledger, shas, live={62, 63})["deleted_but_present"] == [62]  # its job proved it gone
+
+
+def test_a_404_from_a_version_before_the_uploads_job_is_no_loss(soak):
+    """Image 86 of the Redis run: its upload's job was seen done, but the API still served the version before
+    it, so a delete answered 404; the image is live at the end. Not lost, not deleted."""
+    ledger = soak.Ledger()
+    shas = _acknowledged(ledger, 86)
+    _delete(ledger, 86, 404)
+    assert _final(ledger, shas, live={86}) == {"lost": [], "deleted_but_present": [],
+                                               "gone_after_unanswered_delete": []}
+
+
+def test_the_losses_that_are_real_are_counted_once_each(soak):
+    ledger = soak.Ledger()
+    shas = _acknowledged(ledger, 1, 2, 3, 4, 5, 6)
+    _delete(ledger, 2, 404)  # no earlier delete, not live at the end: lost
+    _delete(ledger, 3, 200, {"deleted": False})  # its job found it gone, no delete before: lost
+    _delete(ledger, 4, 200, {"deleted": True})  # acknowledged, but live at the end
+    _delete(ledger, 5, 202, {"job_id": "j5"})  # its job is read back at the end: it deleted 5
+    ledger.delete_answered(5, 200, {"deleted": True}, ledger.delete_jobs["j5"][1])
+    _delete(ledger, 6, 200, {"deleted": True})
+    _delete(ledger, 6, 404)  # a later 404 of a deleted image changes nothing
+    judged = _final(ledger, shas, live={4})  # 1 never deleted and not live: lost
+    assert judged == {"lost": [1, 2, 3], "deleted_but_present": [4], "gone_after_unanswered_delete": []}
+
+
+def test_a_definite_answer_does_not_erase_an_earlier_unanswered_delete(soak):
+    ledger = soak.Ledger()
+    shas = _acknowledged(ledger, 7, 8)
+    _delete(ledger, 7, None)
+    _delete(ledger, 7, 404)  # the earlier delete may have run, or the API lags: the end judges
+    _delete(ledger, 8, 202, {"job_id": "j8"})  # its job never finished: it may still run
+    assert _final(ledger, shas, live=set()) == {"lost": [], "deleted_but_present": [],
+                                                "gone_after_unanswered_delete": [7, 8]}
+    assert _final(ledger, shas, live={7, 8}) == {"lost": [], "deleted_but_present": [],
+                                                 "gone_after_unanswered_delete": []}
