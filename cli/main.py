@@ -127,7 +127,12 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Search an index or collection with a query image (or an indexed image's id); prints rank, score, id and
-    path, and on stderr where the time went (load: imports, encoder and index; encode; search)."""
+    path, and on stderr where the time went (load: imports, index and encoder; decode; encode; search).
+
+    On the CPU the query is encoded without torch when the index's encoder has a query bundle on disk
+    (``regis.models.query_bundle``: the backbone as ONNX, the readout in numpy; same tokens to float32
+    rounding); the first search of an encoder without one encodes with torch, then writes the bundle.
+    ``REGIS_QUERY_RUNTIME`` (the service's inference copies) or ``--device`` other than cpu keep the torch path."""
     import time
 
     t_start = time.perf_counter()
@@ -148,17 +153,7 @@ def search(
     where = parse_filter(filter_)
     if where:
         params["where"] = where
-    from regis.retrieve.query import QueryEngine, set_torch_threads
-
-    # One small forward pass: one torch thread (REGIS_TORCH_THREADS overrides). Two threads gain a few ms on an
-    # idle machine, and on a busy one their spin-waiting made encoding one photo take seconds (0.07 s of CPU on
-    # one thread, 1-3 s on two, here at load 18).
-    set_torch_threads(int(os.environ.get("REGIS_TORCH_THREADS") or 1))
-    # One query: the fast inference copy (made and checked against the encoder: three forward passes, an ONNX
-    # export for ONNX Runtime) would cost more than it saves; REGIS_QUERY_RUNTIME asks for it anyway.
-    fast = "REGIS_QUERY_RUNTIME" in os.environ
-    engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device,
-                              fast_encode=fast)
+    engine, encoder_name = _open_engine(index_dir, weights, device, by_id=image_id is not None)
     load_ms = (time.perf_counter() - t_start) * 1e3
     try:
         if image_id is not None:
@@ -169,6 +164,8 @@ def search(
             result["timings_ms"] = {"decode": 0.0, "encode": 0.0, **result["timings_ms"]}
         else:
             result = engine.search_file(query_image, **params)
+        if encoder_name == "torch":
+            _save_query_bundle(engine.encoder)
     finally:
         engine.close()
     result["timings_ms"] = {"load": load_ms, **result["timings_ms"]}
@@ -180,10 +177,55 @@ def search(
     t = result["timings_ms"]
     typer.echo(
         f"version {result['index_version']}, {result['num_candidates']} candidates; ms: load {t['load']:.0f} "
-        f"(imports, encoder, index), decode {t['decode']:.1f}, encode {t['encode']:.1f}, search "
+        f"(imports, index, {encoder_name} encoder), decode {t['decode']:.1f}, encode {t['encode']:.1f}, search "
         f"{t['candidates'] + t['rerank']:.1f} (candidates {t['candidates']:.1f}, rerank {t['rerank']:.1f})",
         err=True,
     )
+
+
+def _open_engine(index_dir: Path, weights: Path | None, device: str, by_id: bool):
+    """The query engine of one ``regis search`` and the name of its encoder ("onnx+numpy", "none" for a
+    search by id, or "torch"): the torch-free ``LightQueryEngine`` when it can serve (CPU, no
+    ``REGIS_QUERY_RUNTIME``, a bundle or no encoder needed), else ``QueryEngine`` with the encoder itself."""
+    if device == "cpu" and "REGIS_QUERY_RUNTIME" not in os.environ:
+        from regis.retrieve.light import LightQueryEngine
+
+        light = LightQueryEngine.open(index_dir, need_encoder=not by_id)
+        if light is not None:
+            return light, "no" if by_id else "onnx+numpy"
+    from regis.retrieve.query import QueryEngine, set_torch_threads
+
+    # One small forward pass: one torch thread (REGIS_TORCH_THREADS overrides). Two threads gain a few ms on an
+    # idle machine, and on a busy one their spin-waiting made encoding one photo take seconds (0.07 s of CPU on
+    # one thread, 1-3 s on two, here at load 18).
+    set_torch_threads(int(os.environ.get("REGIS_TORCH_THREADS") or 1))
+    # One query: the fast inference copy (made and checked against the encoder: three forward passes, an ONNX
+    # export for ONNX Runtime) would cost more than it saves; REGIS_QUERY_RUNTIME asks for it anyway.
+    fast = "REGIS_QUERY_RUNTIME" in os.environ
+    engine = QueryEngine.open(index_dir, weights=str(weights) if weights else None, device=device,
+                              fast_encode=fast)
+    return engine, "torch"
+
+
+def _save_query_bundle(encoder) -> None:
+    """Write ``encoder``'s query bundle after a torch search (``write_query_bundle``) so that later searches
+    skip torch; says so on stderr. A failure (an encoder the numpy readout does not cover, onnx missing, a
+    cache folder that cannot be written) is a note, not an error: this search has its answer."""
+    import time
+
+    from regis.models.np_readout import unsupported_reason
+    from regis.models.query_export import write_query_bundle
+
+    if unsupported_reason(encoder.config) or next(encoder.parameters()).device.type != "cpu":
+        return
+    t0 = time.perf_counter()
+    try:
+        folder = write_query_bundle(encoder)
+    except Exception as exc:  # noqa: BLE001  a note: the search itself succeeded
+        typer.echo(f"note: no torch-free query encoder saved ({type(exc).__name__}: {exc})", err=True)
+        return
+    typer.echo(f"saved the torch-free query encoder to {folder} ({time.perf_counter() - t0:.1f} s): later "
+               "searches with this encoder skip torch", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
 
 
+@pytest.fixture(scope="session", autouse=True)
+def query_bundles(tmp_path_factory) -> Path:
+    """Torch-free query encoders (``regis.models.query_bundle``) that searches write go to a folder of this test
+    session (``REGIS_QUERY_BUNDLES``, inherited by subprocesses), not to the user's cache."""
+    folder = Path(os.environ.get("REGIS_QUERY_BUNDLES") or tmp_path_factory.mktemp("query-bundles"))
+    os.environ["REGIS_QUERY_BUNDLES"] = str(folder)
+    return folder
+
+
 @pytest.fixture()
 def one_thread():
     """Small models on a shared 2-core machine run far faster (and steadier) on one torch thread."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from regis.errors import IndexFormatError
 from regis.indexes.layout import MANIFEST_FILE
-from regis.models.encoder import EncoderConfig, WeightsInfo
+from regis.models.config import EncoderConfig, WeightsInfo
 
 FORMAT_VERSION = 1
 

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from regis.indexes.layout import TMP_PREFIX, fsync_dir
-from regis.models.encoder import WeightsInfo
+from regis.models.config import WeightsInfo
 from regis.models.weights import ENCODER_WEIGHTS_FILE
 
 WEIGHTS_DIR = "weights"

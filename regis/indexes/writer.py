@@ -52,7 +52,7 @@ from regis.indexes.npy import load_npy
 from regis.indexes.store import TOKEN_DTYPE, TokenStore, empty_locations
 from regis.indexes.table import ImageRecord, ImageTable
 from regis.indexes.weights_copy import store_weights
-from regis.models.encoder import EncoderConfig, WeightsInfo
+from regis.models.config import EncoderConfig, WeightsInfo
 
 DEFAULT_KEEP_VERSIONS = 3
 FROM_CURRENT = "<CURRENT>"  # IndexWriter's default base: the version CURRENT names

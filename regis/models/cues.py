@@ -28,11 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from regis.errors import ConfigError
-
-CUE_METHODS = ("kmeans", "attention", "grid")
-CUE_POOLINGS = ("mean", "gem")
-GEM_P = 3.0
-GEM_EPS = 1e-6  # features are clamped to this before the power (GeM needs non-negative inputs)
+from regis.models.config import CUE_METHODS, CUE_POOLINGS, GEM_EPS, GEM_P
 
 
 def farthest_point_seeds(feats: torch.Tensor, r: int) -> torch.Tensor:

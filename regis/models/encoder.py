@@ -8,17 +8,30 @@ With R = 4 that is 10 tokens. ``token_set`` selects a prefix of this layout for 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from torch import nn
 
 from regis.errors import ConfigError, IndexMismatchError, WeightsError
-from regis.models.cues import CUE_METHODS, CUE_POOLINGS, cnn_cues
+from regis.models.config import (  # noqa: F401  (re-exported: the names' historical home)
+    CUE_METHODS,
+    CUE_POOLINGS,
+    DEFAULT_CNN_QUERY_LAYOUT,
+    DEFAULT_CNN_ROI_SCALE,
+    DEFAULT_CNN_ROI_SIZE,
+    DEFAULT_CUE_METHOD,
+    DEFAULT_CUE_POOLING,
+    DEFAULT_FRAME,
+    DEFAULT_ROI_SIZE,
+    FRAMES,
+    QUERY_LAYOUTS,
+    TOKEN_SETS,
+    EncoderConfig,
+    WeightsInfo,
+)
+from regis.models.cues import cnn_cues
 from regis.models.geometry import CNN_STRIDE, is_aspect, roi_input_size
 from regis.models.registry import BackboneSpec, get_backbone_spec
 from regis.models.roi import BORDER_MODES, buddy_patches, check_roi_size, roi_tokens
@@ -31,133 +44,6 @@ from regis.models.weights import (
     read_weights_file,
     state_dict_sha256,
 )
-
-TOKEN_SETS = ("cls", "cls+reg", "cls+reg+roi")
-DEFAULT_CUE_METHOD = "grid"  # chosen by measurement: README, "Measured"
-# CNN defaults chosen on the hard real-photo set (docs/RESULTS.md, "Hard cases"); a manifest or training run
-# without these fields keeps the earlier behaviour (mean pooling; its stored roi_size).
-DEFAULT_CUE_POOLING = "gem"
-DEFAULT_CNN_ROI_SIZE = 1
-# New CNN encoders read their ROI tokens from a second backbone pass at 1/sqrt(2) of the input side (rounded to
-# the CNN's stride of 32: 224 -> 160 px, a 5 x 5 map); docs/RESULTS.md, "Hard cases". Manifests without the
-# field read their ROI tokens from the one pass, as before.
-DEFAULT_CNN_ROI_SCALE = 1 / math.sqrt(2)
-DEFAULT_ROI_SIZE = 3  # ViTs, as in METHODS.md
-FRAMES = ("center-crop", "squash", "pad", "aspect")
-# Query-token layouts (``EncoderConfig.query_layout``): "tokens", the T tokens an image is indexed with;
-# "tokens+roi-cues", those plus the R + 1 cue tokens of the CNN's ROI pass (already run for the ROI tokens, so no
-# extra encoder time): 2(R + 1) + R + 1 = 15 query tokens against the 10 indexed ones. docs/RESULTS.md, "Hard
-# cases", fourth round. A manifest or run config without the field means "tokens".
-QUERY_LAYOUTS = ("tokens", "tokens+roi-cues")
-DEFAULT_CNN_QUERY_LAYOUT = "tokens+roi-cues"
-DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
-
-
-class EncoderConfig(BaseModel):
-    """Everything that decides which tokens an image gets; saved in index manifests and checkpoints.
-
-    Attributes:
-        backbone: registry name (``regis.models.registry``).
-        kind: "vit" or "cnn".
-        num_registers: R (ViT: the backbone's register tokens; CNN: part tokens).
-        dim: D, the token width.
-        roi_size: N, the ROI window side in patches (odd, >= 1).
-        border: "clip" or "shift" (window at the grid border).
-        token_set: which tokens the encoder returns ("cls", "cls+reg", "cls+reg+roi").
-        cue_method: CNN only: how part tokens are made ("kmeans", "attention", "grid").
-        cue_pooling: CNN only: how the global token and the grid cells pool ("mean", "gem";
-            ``regis.models.cues``). "mean" for ViTs and for indexes written before the field existed.
-        image_size: square input side, pixels.
-        roi_image_size: CNN only: the side, pixels, of a second backbone pass (the input downscaled from
-            ``image_size``) that the buddy patches and ROI tokens are read from; the global and part tokens
-            come from the ``image_size`` pass. None: one pass for all tokens (ViTs, and every index written
-            before the field existed).
-        resize_size: shorter side before the centre crop, pixels ("center-crop" frame only).
-        frame: how an image becomes the square input (``regis.models.transforms``): "center-crop" (shorter
-            side to ``resize_size``, then the central square: what indexes without this field used),
-            "squash" (the whole frame resized to the square, aspect ratio not kept) or "pad" (the whole frame,
-            aspect ratio kept, padded with the mean colour) or "aspect" (CNNs: the whole frame, aspect ratio kept,
-            short side ``image_size``, long side at most 2x, no square: ``regis.models.geometry``; ViTs: "pad").
-        interpolation: torchvision interpolation mode name.
-        mean, std: per-channel normalisation.
-        query_layout: which tokens a query gets (the index's tokens are the same either way): "tokens" (the
-            T tokens above; every index written before the field existed) or "tokens+roi-cues" (CNN with a ROI
-            pass and every token: the T tokens plus the R + 1 cue tokens of the ROI pass, in that order).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    backbone: str
-    kind: Literal["vit", "cnn"]
-    num_registers: int
-    dim: int
-    roi_size: int = 3
-    border: Literal["clip", "shift"] = "clip"
-    token_set: Literal["cls", "cls+reg", "cls+reg+roi"] = "cls+reg+roi"
-    cue_method: str | None = None
-    cue_pooling: Literal["mean", "gem"] = "mean"
-    image_size: int = 224
-    roi_image_size: int | None = None
-    resize_size: int = 224
-    frame: Literal["center-crop", "squash", "pad", "aspect"] = "center-crop"
-    interpolation: str = "bicubic"
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    query_layout: Literal["tokens", "tokens+roi-cues"] = "tokens"
-
-    @field_validator("roi_size")
-    @classmethod
-    def _odd_roi(cls, v: int) -> int:
-        return check_roi_size(v)
-
-    @field_validator("cue_method")
-    @classmethod
-    def _known_cue(cls, v: str | None) -> str | None:
-        if v is not None and v not in CUE_METHODS:
-            raise ValueError(f"unknown cue method {v!r}; choose one of {CUE_METHODS}")
-        return v
-
-    @property
-    def token_positions(self) -> list[int]:
-        """Positions in the full 2(R + 1) layout that ``token_set`` keeps."""
-        r = self.num_registers
-        count = {"cls": 1, "cls+reg": r + 1, "cls+reg+roi": 2 * (r + 1)}[self.token_set]
-        return list(range(count))
-
-    @model_validator(mode="after")
-    def _query_layout_needs_roi_pass(self) -> EncoderConfig:
-        if self.query_layout != "tokens" and (self.kind != "cnn" or self.roi_image_size is None
-                                              or self.token_set != "cls+reg+roi"):
-            raise ValueError(f"query layout {self.query_layout!r} needs a CNN with a ROI pass (roi_image_size) "
-                             "and the cls+reg+roi token set")
-        return self
-
-    @property
-    def tokens_per_image(self) -> int:
-        """T, the number of tokens per image the encoder returns."""
-        return len(self.token_positions)
-
-    @property
-    def query_tokens_per_image(self) -> int:
-        """m, the number of tokens a query gets (``query_layout``): T, or T + R + 1."""
-        return self.tokens_per_image + (self.num_registers + 1 if self.query_layout == "tokens+roi-cues" else 0)
-
-
-class WeightsInfo(BaseModel):
-    """Where the weights came from and their checksum (``state_dict_sha256``; with a token head: of the backbone and
-    the head together).
-
-    Attributes:
-        head_source, head_sha256: the token head's file (``package:<file>`` for the head shipped in regis, or
-            ``file:/path``) and the SHA-256 of its bytes; None without a head (and in manifests written before).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    source: str
-    sha256: str
-    head_source: str | None = None
-    head_sha256: str | None = None
 
 
 class RegisEncoder(nn.Module):

@@ -20,7 +20,7 @@ the encoder config's ``frame`` says (configs without the field: "center-crop"):
   For ViTs "aspect" is "pad" (a fixed square of patches).
 
 The backbone sees the square as an h x w grid of patches, each ``image_size / h`` x ``image_size / w`` input
-pixels. These functions invert the chain, so a ROI token's N x N window (``regis.models.roi.window_bounds``)
+pixels. These functions invert the chain, so a ROI token's N x N window (``window_bounds``)
 can be drawn on the image a person uploaded. Tested against the transform itself (a painted cell lands on its
 grid cell; a bright square's ROI box covers it: tests/test_explain.py).
 """
@@ -31,6 +31,7 @@ import math
 from typing import Protocol
 
 from regis.errors import ConfigError
+from regis.models.config import BORDER_MODES, check_roi_size
 
 
 class EncoderConfig(Protocol):
@@ -165,7 +166,7 @@ def grid_box(config: EncoderConfig, grid: tuple[int, int], window: tuple[int, in
     Args:
         config: the encoder config.
         grid: (h, w) patch grid of the encoder's input.
-        window: (row0, row1, col0, col1) on the grid, ends exclusive (``regis.models.roi.window_bounds``).
+        window: (row0, row1, col0, col1) on the grid, ends exclusive (``window_bounds``).
         width, height: the image's size, pixels.
 
     Returns:
@@ -177,3 +178,44 @@ def grid_box(config: EncoderConfig, grid: tuple[int, int], window: tuple[int, in
     cw, ch = (x1 - x0) / w, (y1 - y0) / h
     box = (x0 + c0 * cw, y0 + r0 * ch, x0 + c1 * cw, y0 + r1 * ch)
     return max(box[0], 0.0), max(box[1], 0.0), min(box[2], float(width)), min(box[3], float(height))
+
+
+def window_span(centre: int, n: int, size: int, border: str) -> tuple[int, int]:
+    """[lo, hi) of the N-wide window centred on ``centre`` along an axis of ``size`` cells ("clip": cut at the
+    ends; "shift": slid inside while the axis is at least N long)."""
+    half = n // 2
+    lo, hi = centre - half, centre + half + 1
+    if border == "shift":
+        if lo < 0:
+            lo, hi = 0, min(n, size)
+        elif hi > size:
+            lo, hi = max(0, size - n), size
+    return max(lo, 0), min(hi, size)
+
+
+def window_bounds(buddy: int, grid: tuple[int, int], n: int, border: str = "clip") -> tuple[int, int, int, int]:
+    """The patch window a ROI token averages, as grid bounds.
+
+    Args:
+        buddy: the buddy patch, row-major index in [0, h * w).
+        grid: (h, w) patch grid.
+        n: window size N (odd, >= 1).
+        border: "clip" or "shift", as in ``roi_tokens``.
+
+    Returns:
+        (row0, row1, col0, col1): rows row0..row1 - 1 and columns col0..col1 - 1 of the grid (ends exclusive),
+        exactly the patches ``window_matrix`` gives weight to.
+
+    Raises:
+        ConfigError: bad N / border, or ``buddy`` outside the grid.
+    """
+    check_roi_size(n)
+    if border not in BORDER_MODES:
+        raise ConfigError(f"border must be one of {BORDER_MODES}, got {border!r}")
+    h, w = int(grid[0]), int(grid[1])
+    if not 0 <= buddy < h * w:
+        raise ConfigError(f"buddy patch {buddy} lies outside a {h} x {w} grid")
+    r, c = divmod(int(buddy), w)
+    r0, r1 = window_span(r, n, h, border)
+    c0, c1 = window_span(c, n, w, border)
+    return r0, r1, c0, c1

@@ -36,6 +36,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from torch import nn
 
 from regis.errors import ConfigError
+from regis.models.ort import ort_session, ort_session_options, use_env_allocator  # noqa: F401  (re-exported)
 from regis.settings_types import QueryRuntime
 
 log = logging.getLogger("regis.models")
@@ -212,23 +213,6 @@ class OrtBackbone(nn.Module):
         return torch.from_numpy(self.session(pixels.shape).run(None, {"images": pixels})[0])
 
 
-_env_allocator = False
-
-
-def use_env_allocator(opts) -> None:
-    """Make sessions built with ``opts`` (``onnxruntime.SessionOptions``) allocate from one CPU arena shared in
-    the process (ONNX Runtime's environment allocator, registered on first use) instead of an arena each."""
-    global _env_allocator
-    import onnxruntime as ort
-
-    with _lock:
-        if not _env_allocator:
-            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-            ort.create_and_register_allocator(info, None)
-            _env_allocator = True
-    opts.add_session_config_entry("session.use_env_allocators", "1")
-
-
 def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
     """Export ``backbone.forward_features`` to ONNX (torch.onnx's TorchScript exporter, which runs offline;
     opset ``ONNX_OPSET``), with the batch, height and width axes free (one model for both CNN passes; the
@@ -253,44 +237,6 @@ def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
                           dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"},
                                         "features": {0: "batch", 2: "rows", 3: "cols"}})
     return buf.getvalue()
-
-
-def ort_session_options(threads: int, dims: dict[str, int] | None = None):
-    """``onnxruntime.SessionOptions`` for a CPU session on ``threads`` intra-op threads (``inference_copy``'s
-    thread budget), one inter-op thread, and threads that sleep instead of spinning when idle (the 2-core
-    service shares them with decoding and FAISS: docs/benchmarks/history.md, section 6, "Oversubscription").
-    ``dims``: values for the model's free dimensions ("batch", "height", "width"), which lets ONNX Runtime plan
-    for one input shape.
-
-    Raises:
-        ImportError: onnxruntime is not installed.
-    """
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.log_severity_level = 3
-    for name, value in (dims or {}).items():
-        opts.add_free_dimension_override_by_name(name, int(value))
-    return opts
-
-
-def ort_session(model: bytes, threads: int, dims: dict[str, int] | None = None):
-    """An ONNX Runtime CPU session of ``model`` with ``ort_session_options(threads, dims)``, allocating from the
-    process's shared CPU arena (``use_env_allocator``).
-
-    Raises:
-        ImportError: onnxruntime is not installed.
-    """
-    import onnxruntime as ort
-
-    opts = ort_session_options(threads, dims)
-    use_env_allocator(opts)
-    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def _torch_copy(encoder):

@@ -14,58 +14,8 @@ from functools import lru_cache
 import torch
 
 from regis.errors import ConfigError
-
-BORDER_MODES = ("clip", "shift")
-
-
-def check_roi_size(n: int) -> int:
-    """Validate the ROI window size N.
-
-    Raises:
-        ConfigError: N is not an odd integer >= 1.
-    """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1 or n % 2 == 0:
-        raise ConfigError(f"ROI size N must be an odd integer >= 1 (1, 3, 5, ...), got {n!r}")
-    return n
-
-
-def _window_bounds(centre: int, n: int, size: int, border: str) -> tuple[int, int]:
-    half = n // 2
-    lo, hi = centre - half, centre + half + 1
-    if border == "shift":
-        if lo < 0:
-            lo, hi = 0, min(n, size)
-        elif hi > size:
-            lo, hi = max(0, size - n), size
-    return max(lo, 0), min(hi, size)
-
-
-def window_bounds(buddy: int, grid: tuple[int, int], n: int, border: str = "clip") -> tuple[int, int, int, int]:
-    """The patch window a ROI token averages, as grid bounds.
-
-    Args:
-        buddy: the buddy patch, row-major index in [0, h * w).
-        grid: (h, w) patch grid.
-        n: window size N (odd, >= 1).
-        border: "clip" or "shift", as in ``roi_tokens``.
-
-    Returns:
-        (row0, row1, col0, col1): rows row0..row1 - 1 and columns col0..col1 - 1 of the grid (ends exclusive),
-        exactly the patches ``window_matrix`` gives weight to.
-
-    Raises:
-        ConfigError: bad N / border, or ``buddy`` outside the grid.
-    """
-    check_roi_size(n)
-    if border not in BORDER_MODES:
-        raise ConfigError(f"border must be one of {BORDER_MODES}, got {border!r}")
-    h, w = int(grid[0]), int(grid[1])
-    if not 0 <= buddy < h * w:
-        raise ConfigError(f"buddy patch {buddy} lies outside a {h} x {w} grid")
-    r, c = divmod(int(buddy), w)
-    r0, r1 = _window_bounds(r, n, h, border)
-    c0, c1 = _window_bounds(c, n, w, border)
-    return r0, r1, c0, c1
+from regis.models.config import BORDER_MODES, check_roi_size  # noqa: F401  (re-exported)
+from regis.models.geometry import window_bounds, window_span  # noqa: F401  (window_bounds re-exported)
 
 
 @lru_cache(maxsize=32)
@@ -74,8 +24,8 @@ def _window_matrix_cpu(h: int, w: int, n: int, border: str) -> torch.Tensor:
     mat = torch.zeros(p, p, dtype=torch.float32)
     for j in range(p):
         r, c = divmod(j, w)
-        r0, r1 = _window_bounds(r, n, h, border)
-        c0, c1 = _window_bounds(c, n, w, border)
+        r0, r1 = window_span(r, n, h, border)
+        c0, c1 = window_span(c, n, w, border)
         block = torch.zeros(h, w)
         block[r0:r1, c0:c1] = 1.0
         mat[j] = block.flatten() / block.sum()

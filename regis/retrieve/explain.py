@@ -25,7 +25,7 @@ import torch
 from regis.errors import ImageDecodeError, RegisError
 from regis.images.decode import decode_image
 from regis.indexes.snapshot import IndexSnapshot
-from regis.models.encoder import EncoderConfig
+from regis.models.config import EncoderConfig
 from regis.models.geometry import buddy_grid, input_region
 from regis.scores.explain import patch_heatmap, token_box, token_matches, token_names
 

@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import torch
 
 from regis.errors import ConfigError
 from regis.indexes import faiss_index
 from regis.indexes.snapshot import IndexSnapshot
 from regis.retrieve import candidates as cands
-from regis.scores.maxsim import maxsim_gemm
+from regis.scores.maxsim_np import maxsim_gemm_np
 
 DEFAULT_DEPTH = 64  # candidate depth of indexes whose manifest records none (the manifest's depth wins)
 # FAISS threads of one query's candidate search: its 10 token searches are too small to split across cores
@@ -72,7 +71,8 @@ class Searcher:
 
     Args:
         snapshot: the index version to search.
-        device: torch device for the MaxSim rerank ("cpu" or "cuda").
+        device: torch device for the MaxSim rerank ("cpu" or "cuda"); None: the rerank in numpy
+            (``maxsim_gemm_np``; the torch-free query path of ``regis search``, which then imports no torch).
         exact_chunk: images scored per step in exact mode.
         use_codes: rerank on the compressed token store when the index has one (False: float16 only).
         refine: compressed store: how many times k candidates are re-scored exactly on float16; 0 ranks on
@@ -87,7 +87,7 @@ class Searcher:
         ConfigError: refine < 0, or an unknown candidate method.
     """
 
-    def __init__(self, snapshot: IndexSnapshot, device: str = "cpu", exact_chunk: int = 8192,
+    def __init__(self, snapshot: IndexSnapshot, device: str | None = "cpu", exact_chunk: int = 8192,
                  use_codes: bool = True, refine: int | None = None,
                  search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None,
                  candidates: str | None = None):
@@ -97,7 +97,12 @@ class Searcher:
             raise ConfigError(f"refine must be >= 0, got {refine}")
         self.candidate_method = cands.check_method(candidates or snapshot.manifest.faiss.candidates)
         self.snapshot = snapshot
-        self.device = torch.device(device)
+        if device is None:
+            self.device = None
+        else:
+            import torch
+
+            self.device = torch.device(device)
         self.exact_chunk = exact_chunk
         self.T = snapshot.manifest.tokens_per_image
         self.D = snapshot.manifest.dim
@@ -201,6 +206,12 @@ class Searcher:
         return image_ids[self.snapshot.store.is_live(image_ids)]
 
     def _maxsim(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        if self.device is None:
+            return maxsim_gemm_np(query, docs)
+        import torch
+
+        from regis.scores.maxsim import maxsim_gemm
+
         q = torch.from_numpy(np.ascontiguousarray(query, dtype=np.float32)).to(self.device)
         return maxsim_gemm(q, torch.from_numpy(docs).to(self.device)).float().cpu().numpy()
 

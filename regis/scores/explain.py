@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from regis.errors import ConfigError
-from regis.models.geometry import Box, buddy_grid, grid_box
-from regis.models.roi import window_bounds
+from regis.models.geometry import Box, buddy_grid, grid_box, window_bounds
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from regis.indexes.locks import release_flock
 from regis.indexes.manifest import Manifest
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter, _acquire_lock
-from regis.models.encoder import EncoderConfig, WeightsInfo
+from regis.models.config import EncoderConfig, WeightsInfo
 from regis.sharding.layout import (
     CollectionState,
     collect_retired,

@@ -1,0 +1,43 @@
+"""``regis.scores.maxsim.maxsim_gemm`` in numpy: the rerank of the torch-free query path (``regis search``;
+``Searcher(device=None)``), which then imports no torch. Same chunking and the same GEMM (float16 documents upcast
+chunk by chunk, a (m, D) @ (D, c * n) product, max over each document's n tokens, sum over the m query tokens);
+equal to the torch form to float32 summation order (tests/test_query_bundle.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CPU_CHUNK_VALUES = 1 << 20  # as regis.scores.maxsim: 4 MiB of float32 upcast per GEMM
+
+
+def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None = None) -> np.ndarray:
+    """MaxSim of one query against every document.
+
+    Args:
+        query: (m, D) float32 tokens.
+        docs: (N, n, D) float tokens (float16 or float32), no padding.
+        chunk_size: documents per GEMM (None: as many as hold ``CPU_CHUNK_VALUES`` values).
+
+    Returns:
+        (N,) float32 scores.
+
+    Raises:
+        ValueError: wrong number of dimensions, mismatched widths, or chunk_size < 1.
+    """
+    if query.ndim != 2 or docs.ndim != 3:
+        raise ValueError(f"query must be (m, D) and docs (N, n, D), got {query.shape} and {docs.shape}")
+    n_docs, n, d = docs.shape
+    if query.shape[1] != d:
+        raise ValueError(f"token widths differ: query {query.shape[1]}, docs {d}")
+    if chunk_size is None:
+        chunk_size = max(1, CPU_CHUNK_VALUES // max(1, n * d))
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    query = np.ascontiguousarray(query, dtype=np.float32)
+    out = []
+    for start in range(0, n_docs, chunk_size):
+        chunk = docs[start : start + chunk_size]
+        flat = chunk.reshape(-1, d).astype(np.float32)
+        out.append((query @ flat.T).reshape(-1, chunk.shape[0], n).max(axis=2).sum(axis=0, dtype=np.float32))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
