@@ -56,12 +56,16 @@ class LightQueryEngine(SnapshotSearch):
             IndexFormatError: no readable index.
         """
         snapshot = IndexSnapshot.open(index_dir)
-        manifest = snapshot.manifest
-        encoder = load_bundle(manifest.encoder, manifest.weights, root) if need_encoder else None
-        if need_encoder and encoder is None:
+        try:
+            manifest = snapshot.manifest
+            encoder = load_bundle(manifest.encoder, manifest.weights, root) if need_encoder else None
+            if need_encoder and encoder is None:
+                snapshot.close()
+                return None
+            return cls(snapshot, encoder)
+        except BaseException:
             snapshot.close()
-            return None
-        return cls(snapshot, encoder)
+            raise
 
     def encode_bytes(self, data: bytes) -> tuple[np.ndarray, dict[str, float]]:
         """Decode and encode a query image.
