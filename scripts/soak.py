@@ -28,7 +28,8 @@ reconciles what clients were told with the index:
 
 - lost (each image once, ``Ledger.losses``): an upload answered 201 (or 202 whose job finished) whose image is
   not live at the end, that no delete acknowledged and that no delete without a definite answer may have
-  removed (those are ``gone_after_unanswered_delete``, not counted); an image a delete's job found already gone
+  removed (those are ``gone_after_unanswered_delete``, not counted; in Redis mode only those a finished delete
+  job of the run removed, read back from the job records); an image a delete's job found already gone
   (200 ``deleted: false``) with no unanswered delete before. A delete answered 404 proves nothing by itself (the
   API may still serve the version before the upload's job): the final index judges. A PATCH answered 200 whose
   value is not the live one (``metadata_lost``; a later unanswered PATCH of that image makes it uncertain, not
@@ -384,12 +385,16 @@ class Ledger:
                 self.not_found.add(image_id)
                 self.delete_notes["404 " + ("after an unanswered delete" if earlier else "(judged at the end)")] += 1
 
-    def losses(self, live_sha: collections.Counter, live_ids: set[int]) -> dict[str, list]:
+    def losses(self, live_sha: collections.Counter, live_ids: set[int],
+               removed_by_jobs: set[int] | None = None) -> dict[str, list]:
         """Reconcile the answers with the final index; each image counted once.
 
         Args:
             live_sha: sha256 -> live rows holding those bytes.
             live_ids: ids of the live rows.
+            removed_by_jobs: ids the run's finished delete jobs removed (Redis mode: read back from the job
+                records); an image not live with only an unanswered delete to explain it is then lost unless one
+                of them removed it. None (embedded mode: the jobs died with the API): not checked.
 
         Returns:
             {"lost": acknowledged images not live that no delete acknowledged and no unanswered delete may
@@ -400,7 +405,9 @@ class Ledger:
         with self.lock:
             gone = self.deleted | self.gone_by_unanswered
             not_live = {i for sha, i in self.present.items() if live_sha[sha] == 0 and i not in gone}
-            lost = {i for i in not_live if i not in self.delete_unanswered} | (self.missing - gone)
+            explained = self.delete_unanswered if removed_by_jobs is None else \
+                self.delete_unanswered & removed_by_jobs
+            lost = {i for i in not_live if i not in explained} | (self.missing - gone)
             return {"lost": sorted(lost), "deleted_but_present": sorted(i for i in gone if i in live_ids),
                     "gone_after_unanswered_delete": sorted((not_live & self.delete_unanswered) - lost)}
 
@@ -843,6 +850,16 @@ def reconcile_jobs(http: httpx.Client, ledger: Ledger) -> dict:
     return {"pending_jobs_gone": gone, "pending_jobs_failed": failed}
 
 
+def removed_by_delete_jobs(queue, history: int = 1000) -> set[int]:
+    """Ids removed by the default collection's finished delete jobs, from the job records (``RedisJobQueue``;
+    its last ``history`` jobs: the API keeps 1,000)."""
+    removed: set[int] = set()
+    for info in queue.list(limit=history, collection=None):
+        if info.kind == "delete" and info.state == "done" and info.result:
+            removed.update(info.result.get("deleted", []))
+    return removed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=MODES, default="redis")
@@ -976,8 +993,6 @@ def main() -> None:
     live_sha = collections.Counter(r.sha256 for r in rows)
     live_ids = {r.id for r in rows}
     by_id = {r.id: r for r in rows}
-    judged = ledger.losses(live_sha, live_ids)
-    lost, resurrected = judged["lost"], judged["deleted_but_present"]
     duplicated = [sha for sha, n in live_sha.items() if n > 1]
     unanswered_live = [r for r in rows if r.path.startswith(".uploads/") and r.sha256 not in ledger.present]
     metadata_lost = [i for i, tag in ledger.tags.items() if i not in ledger.tags_uncertain and i in by_id
@@ -996,10 +1011,14 @@ def main() -> None:
 
         queue = RedisJobQueue(topo.redis_url, RedisNames("soak"))
         states = {b: (queue.get(b).state if queue.get(b) else None) for b in batches}
+        removed_by_jobs = removed_by_delete_jobs(queue)
         queue.close()
         topo.redis.stop()
     else:  # the embedded queue died with the API: a batch still staged has no job
         states = {b: None for b in batches}
+        removed_by_jobs = None  # (and so did the records of its delete jobs)
+    judged = ledger.losses(live_sha, live_ids, removed_by_jobs)
+    lost, resurrected = judged["lost"], judged["deleted_but_present"]
     orphan_staged = sorted(b for b, state in states.items() if state in (None, "done", "failed"))
 
     figures = {
@@ -1023,6 +1042,7 @@ def main() -> None:
         **jobs_before_restart, "pending_jobs_gone_after_restart": jobs_after["pending_jobs_gone"],
         "images_live": len(rows), "lost": len(lost), "metadata_lost": len(metadata_lost),
         "gone_after_unanswered_delete": len(judged["gone_after_unanswered_delete"]),
+        "gone_after_unanswered_delete_checked": removed_by_jobs is not None,
         "delete_answers_read": dict(ledger.delete_notes),
         "deleted_but_present": len(resurrected), "duplicated": len(duplicated),
         "uploads_live_without_2xx": len(unanswered_live),
@@ -1047,7 +1067,8 @@ def main() -> None:
         "timeline": timeline,
         "load_avg_end": os.getloadavg(),
         "workdir": str(work),
-        "examples": {"lost": lost[:5], "orphan_files": orphan_files[:5],
+        "examples": {"lost": lost[:5], "gone_after_unanswered_delete": judged["gone_after_unanswered_delete"][:5],
+                     "orphan_files": orphan_files[:5],
                      "orphan_staged": orphan_staged[:5], "orphan_thumbnails": orphan_thumbs[:5],
                      "metadata_lost": metadata_lost[:5]},
     }

@@ -238,3 +238,18 @@ def test_a_definite_answer_does_not_erase_an_earlier_unanswered_delete(soak):
                                                 "gone_after_unanswered_delete": [7, 8]}
     assert _final(ledger, shas, live={7, 8}) == {"lost": [], "deleted_but_present": [],
                                                  "gone_after_unanswered_delete": []}
+
+
+def test_with_the_job_records_an_unanswered_delete_excuses_only_what_a_delete_job_removed(soak):
+    """Redis mode reads back which ids the run's finished delete jobs removed: an image not live whose only
+    explanation is an unanswered delete is lost unless one of those jobs removed it."""
+    ledger = soak.Ledger()
+    shas = _acknowledged(ledger, 11, 12)
+    _delete(ledger, 11, None)
+    _delete(ledger, 12, 503)
+    assert _final(ledger, shas, live=set()) == {"lost": [], "deleted_but_present": [],
+                                                "gone_after_unanswered_delete": [11, 12]}  # not checked
+    import collections
+
+    judged = ledger.losses(collections.Counter(), set(), removed_by_jobs={11})
+    assert judged == {"lost": [12], "deleted_but_present": [], "gone_after_unanswered_delete": [11]}
