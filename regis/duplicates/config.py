@@ -20,7 +20,10 @@ from regis.indexes.layout import write_json_atomic
 
 DUPLICATES_DIR = "duplicates"
 CONFIG_FILE = "config.json"
-CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_side", "features", "exact_tokens")
+CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_floor", "verify_side", "features",
+                    "exact_tokens")
+# candidate settings whose stored value may be lower than a call's (the stored run then covers the call's)
+AT_MOST_FIELDS = ("floor", "verify_floor")
 
 
 class DuplicateConfig(BaseModel):
@@ -32,7 +35,10 @@ class DuplicateConfig(BaseModel):
         depth: FAISS neighbours per query token (None: the index's default candidate depth).
 
     Verification (``regis.duplicates.geometry``):
-        verify: match local features and fit a homography for every candidate pair whose files can be read.
+        verify: match local features and fit a homography for candidate pairs whose files can be read.
+        verify_floor: ... only for pairs whose MaxSim per token reaches this in either direction (None: every
+            candidate). Below it no labelled relation of the calibration set was found by verification that the
+            tokens alone do not give (the calibration picks it), and verification is most of a run's cost.
         verify_side: longest side the images are brought to for it (reduced or enlarged), pixels.
         features: ORB keypoints per image.
         min_inliers: homography inliers for a pair to count as verified.
@@ -46,6 +52,10 @@ class DuplicateConfig(BaseModel):
 
     Relations of a pair that could not be verified (no file, or too few consistent matches):
         token_edited: an edited copy when the MaxSim per token is at least this in both directions.
+        token_crop, token_crop_gap: otherwise a crop when the MaxSim per token is at least ``token_crop`` in one
+            direction and at least ``token_crop_gap`` lower in the other (MaxSim is asymmetric: every token of a
+            crop finds itself in the photo it was cut from, not the reverse; the image whose tokens are matched
+            best is the crop). None: no crop without verification.
         token_scene: otherwise the same scene when it is at least this in either direction; below: not reported.
 
     Exact copies: the same bytes (SHA-256), or the same pixels (checked by decoding both files when their sizes
@@ -60,6 +70,7 @@ class DuplicateConfig(BaseModel):
     neighbours: int = Field(16, ge=1, le=1000)
     depth: int | None = Field(None, ge=1, le=4096)
     verify: bool = True
+    verify_floor: float | None = Field(None, ge=-1.0, le=1.0)
     verify_side: int = Field(640, ge=64, le=4096)
     features: int = Field(2000, ge=50, le=20000)
     min_inliers: int = Field(15, ge=4)
@@ -67,6 +78,8 @@ class DuplicateConfig(BaseModel):
     edited_max_cover: float = Field(0.95, ge=0.0, le=1.0)
     crop_cover: float = Field(0.90, ge=0.0, le=1.0)
     token_edited: float = Field(0.97, ge=-1.0, le=1.0)
+    token_crop: float | None = Field(None, ge=-1.0, le=1.0)
+    token_crop_gap: float = Field(0.05, ge=0.0, le=2.0)
     token_scene: float = Field(0.75, ge=-1.0, le=1.0)
     exact_tokens: float = Field(0.97, ge=0.0, le=1.0)
     calibration: dict | None = None

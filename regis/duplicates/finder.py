@@ -9,8 +9,9 @@ incremental from the pairs stored with an earlier version.
    pairs with every live image;
 3. new pairs with the same SHA-256 are exact copies; pairs of the same size whose tokens agree to
    ``exact_tokens`` are decoded and compared pixel by pixel;
-4. new pairs are verified geometrically (``regis.duplicates.geometry``) when both files can be read, on
-   ``workers`` threads (OpenCV releases the GIL);
+4. new pairs whose token scores reach ``verify_floor`` are verified geometrically (``regis.duplicates.geometry``)
+   when both files can be read, on ``workers`` threads (OpenCV and FAISS release the GIL); each image's features
+   are computed once into a bounded cache, the pairs taken in an order that keeps pairs of one image together;
 5. the table is stored with this version.
 """
 
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.duplicates import store
-from regis.duplicates.config import DuplicateConfig
+from regis.duplicates.config import AT_MOST_FIELDS, DuplicateConfig
 from regis.duplicates.geometry import LocalFeatures, features_or_none, verify_pair
 from regis.duplicates.selfjoin import self_join
 from regis.duplicates.store import PairTable, StoredPairs
@@ -37,7 +38,7 @@ from regis.indexes.table import ImageRecord
 
 FileResolver = Callable[[ImageRecord], Path | None]  # where an image's file is (None: not available)
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
-FEATURE_CACHE = 2048  # images whose local features are kept in memory during verification
+FEATURE_CACHE = 4096  # images whose local features are kept in memory during verification (~80 KB each)
 VERIFY_CHUNK = 512  # pairs verified per step (pairs sorted by their first image, so features are reused)
 
 
@@ -112,9 +113,13 @@ def _reusable(snapshot: IndexSnapshot, config: DuplicateConfig, full: bool) -> S
     if prev is None:
         return None
     stored, wanted = dict(prev.settings.get("candidates") or {}), config.candidate_settings()
-    floor = stored.pop("floor", None)
-    if floor is None or floor > wanted.pop("floor"):  # pairs stored above a higher floor: search again
-        return None
+    stored.setdefault("verify_floor", None)  # pairs stored before the field: every candidate verified
+    for name in AT_MOST_FIELDS:  # pairs stored above a higher floor (or verified above a higher one): again
+        have, want = stored.pop(name, None), wanted.pop(name)
+        lowest = -2.0 if name == "verify_floor" else None  # verify_floor None: every pair verified
+        have = lowest if have is None else have
+        if have is None or (want is not None and have > want) or (want is None and have != lowest):
+            return None
     return prev if stored == wanted else None
 
 
@@ -148,36 +153,79 @@ def _exact(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResol
 
 
 class _Features:
-    """Local features of images by id, computed on demand, the ``FEATURE_CACHE`` most recent kept."""
+    """Local features of images by id, computed on demand, the ``cache_size`` most recent kept; counts how many
+    it computed and the time spent (every image once when the cache holds them all)."""
 
-    def __init__(self, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig):
-        self.records, self.resolve, self.config = records, resolve, config
+    def __init__(self, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig,
+                 cache_size: int = FEATURE_CACHE):
+        self.records, self.resolve, self.config, self.cache_size = records, resolve, config, cache_size
         self.cache: OrderedDict[int, LocalFeatures | None] = OrderedDict()
+        self.computed, self.seconds = 0, 0.0
 
     def many(self, ids: list[int], pool: ThreadPoolExecutor) -> dict[int, LocalFeatures | None]:
+        t0 = time.perf_counter()
         missing = [i for i in dict.fromkeys(ids) if i not in self.cache]
         paths = [self.resolve(self.records[i]) for i in missing]
         side, n = self.config.verify_side, self.config.features
         for i, feats in zip(missing, pool.map(lambda p: features_or_none(p, side, n), paths), strict=True):
             self.cache[i] = feats
+        self.computed += len(missing)
         out = {}
         for i in ids:
             self.cache.move_to_end(i)
             out[i] = self.cache[i]
-        while len(self.cache) > max(FEATURE_CACHE, len(ids)):
+        while len(self.cache) > max(self.cache_size, len(ids)):
             self.cache.popitem(last=False)
+        self.seconds += time.perf_counter() - t0
         return out
 
 
+def to_verify(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
+    """Rows of ``pairs`` to verify geometrically: not exact copies, and token scores at or above
+    ``verify_floor`` in either direction (every other row when it is None)."""
+    want = ~pairs.exact
+    if config.verify_floor is not None:
+        want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.verify_floor
+    return np.flatnonzero(want)
+
+
+def locality_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An order of the pairs (a[k], b[k]) in which pairs sharing an image come close together, so a bounded
+    feature cache computes each image's features about once: images renumbered by reverse Cuthill-McKee
+    (scipy) on the pair graph, pairs sorted by their images' new numbers.
+
+    Returns:
+        (p,) int64 permutation of the pairs.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    if len(a) == 0:
+        return np.zeros(0, dtype=np.int64)
+    nodes, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+    ia, ib = inv[:len(a)], inv[len(a):]
+    n = len(nodes)
+    graph = coo_matrix((np.ones(2 * len(a), np.int8), (np.concatenate([ia, ib]), np.concatenate([ib, ia]))),
+                       shape=(n, n)).tocsr()
+    rank = np.empty(n, dtype=np.int64)
+    rank[reverse_cuthill_mckee(graph, symmetric_mode=True)] = np.arange(n)
+    lo, hi = np.minimum(rank[ia], rank[ib]), np.maximum(rank[ia], rank[ib])
+    return np.lexsort((hi, lo)).astype(np.int64)
+
+
 def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig,
-            workers: int, progress: Progress | None) -> None:
-    """Verify ``pairs`` geometrically in place (``regis.duplicates.geometry.verify_pair``)."""
-    order = np.lexsort((pairs.b, pairs.a))
+            workers: int, progress: Progress | None) -> dict:
+    """Verify the rows ``to_verify`` selects geometrically, in place (``regis.duplicates.geometry.verify_pair``);
+    returns counts and times: {"pairs_verified", "features_computed", "images", "features_ms", "match_ms"}."""
+    rows_all = to_verify(pairs, config)
+    order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
     feats = _Features(records, resolve, config)
+    match_s = 0.0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for start in range(0, len(order), VERIFY_CHUNK):
             rows = order[start:start + VERIFY_CHUNK]
             got = feats.many([int(x) for r in rows for x in (pairs.a[r], pairs.b[r])], pool)
+            t0 = time.perf_counter()
 
             def one(r: int, got=got):
                 fa, fb = got[int(pairs.a[r])], got[int(pairs.b[r])]
@@ -189,8 +237,12 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                     pairs.matches[r], pairs.inliers[r] = v.matches, v.inliers
                     pairs.cover_a[r], pairs.cover_b[r] = v.cover_a, v.cover_b
                     pairs.quad_ab[r], pairs.quad_ba[r], pairs.residual[r] = v.quad_a_in_b, v.quad_b_in_a, v.residual
+            match_s += time.perf_counter() - t0
             if progress is not None:
                 progress("verify", min(start + VERIFY_CHUNK, len(order)), len(order))
+    images = len(np.unique(np.concatenate([pairs.a[rows_all], pairs.b[rows_all]]))) if len(rows_all) else 0
+    return {"pairs_verified": int(len(rows_all)), "features_computed": feats.computed, "images": images,
+            "features_ms": feats.seconds * 1e3, "match_ms": match_s * 1e3}
 
 
 def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: FileResolver | None = None,
@@ -239,14 +291,14 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         t2 = time.perf_counter()
         _exact(new, records, resolve, config)
         t3 = time.perf_counter()
-        if config.verify:
-            _verify(new, records, resolve, config, workers, progress)
+        verified = _verify(new, records, resolve, config, workers, progress) if config.verify else None
         t4 = time.perf_counter()
         table = PairTable.concat([old, new])
         timings = {"join": (t2 - t1) * 1e3, "exact": (t3 - t2) * 1e3, "verify": (t4 - t3) * 1e3,
                    "total": (time.perf_counter() - t0) * 1e3}
         settings = {"candidates": config.candidate_settings(), "searched": int(len(query)), "timings_ms": timings,
-                    "from_version": prev.version if prev is not None else None, "reused_pairs": len(old)}
+                    "from_version": prev.version if prev is not None else None, "reused_pairs": len(old),
+                    "verification": verified}
         stored = StoredPairs(snapshot.version, table, ids, sha, settings)
         store.save(snapshot.index_dir, stored)
         return DuplicateRun(stored, int(len(query)), len(old), prev.version if prev is not None else None, timings)

@@ -61,7 +61,7 @@ def _quad(q: np.ndarray) -> list[list[float]]:
 def pair_json(table: PairTable, row: int, relation: int, container: int, config: DuplicateConfig) -> dict:
     """One pair: relation, words, scores both ways, geometry (null when not verified)."""
     a, b = int(table.a[row]), int(table.b[row])
-    verified = bool(table.inliers[row] >= config.min_inliers)
+    verified = bool(rel.is_verified(table.take([row]), config)[0])
     geometry = None
     if verified:
         geometry = {"matches": int(table.matches[row]), "inliers": int(table.inliers[row]),
