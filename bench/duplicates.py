@@ -6,18 +6,20 @@ from them as ``bench.corpus1m`` does (each a token-by-token mix of two real imag
 neighbourhood and near-duplicate structure, no new content) up to ``--n`` images, written into a regis index with
 the writer's default FAISS setting (``bench.data.build_index``, a distinct SHA-256 per image). Generated images
 have no files, so the run measures the self-join (every image's tokens searched, both-way exact MaxSim of the
-candidates, pairs above the floor), the exact-copy check and the grouping; geometric verification (ORB + MAGSAC on
-the files of each candidate pair) is priced separately from a run that had files (``--verify-from``: the JSON of
-``scripts/eval_duplicates.py``: ms per verified pair, candidate pairs per image), and the total for 100k images
-is an extrapolation from these measured rates, labelled as such.
+candidates, pairs above the floor), the exact-copy check and the grouping, and counts what verification would do
+(the pairs the shipped ``verify_floor`` selects, the images they touch, the feature extractions of the finder's
+bounded cache in its locality order). Verification's rates (wall ms per feature extraction, per verified pair)
+are measured by a full run with the same thresholds on a copy of an index whose files exist (``--files-index``:
+the labelled set's, 2,592 real files); the total is the measured stages plus those counts at those rates,
+labelled as an estimate (and as an extrapolation when ``--n`` is below ``--target-n``).
 
 Then an incremental run: ``--add`` more generated images are committed and only they are searched.
 
 Usage::
 
-    python -m bench.duplicates --real /work/cache/dup-eval/debian-s0/index --n 20000 \\
-        --work /tmp/regis-dup-scale --verify-from docs/results/duplicates/debian.json \\
-        --json docs/results/duplicates/scale-20k.json
+    python -m bench.duplicates --real /work/cache/dup-eval/debian-s0/index --n 100000 \\
+        --work /tmp/regis-dup-scale --files-index /work/cache/dup-eval/debian-s0/index \\
+        --json docs/results/duplicates/scale-100k.json
 """
 
 from __future__ import annotations
@@ -92,9 +94,9 @@ def add_images(path: Path, db: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
-def run_once(index: Path, config, threads: int | None) -> dict:
+def run_once(index: Path, config, threads: int | None, plan: bool = False) -> dict:
     """One ``update_pairs`` (no files: no verification) + grouping; its figures."""
-    from regis.duplicates.finder import update_pairs
+    from regis.duplicates.finder import FEATURE_CACHE, VERIFY_CHUNK, update_pairs
     from regis.duplicates.groups import group_pairs
     from regis.indexes.snapshot import IndexSnapshot
 
@@ -110,21 +112,85 @@ def run_once(index: Path, config, threads: int | None) -> dict:
                 "candidate_pairs": len(run.stored.table), "timings_ms": run.timings_ms,
                 "group_ms": (t2 - t1) * 1e3, "wall_s": t2 - t0, "cpu_s": time.process_time() - cpu0,
                 "duplicate_groups": grouping.counts()["duplicate_groups"],
-                "images_per_s": run.searched / max(1e-9, run.timings_ms["join"] / 1e3)}
+                "images_per_s": run.searched / max(1e-9, run.timings_ms["join"] / 1e3),
+                **({"verification_plan": feature_loads(run.stored.table, config, FEATURE_CACHE, VERIFY_CHUNK)}
+                   if plan else {})}
     finally:
         snap.close()
 
 
-def verification_rates(path: Path) -> dict:
-    """ms per candidate pair (exact check + verification, files decoded on ``cores`` threads) and candidate pairs
-    per image, from an ``eval_duplicates.py`` JSON."""
-    d = json.loads(path.read_text())
-    run = d["run"]
-    images, pairs = d["images"], run["candidate_pairs"]
-    t = run["timings_ms"]
-    return {"source": str(path), "images": images, "candidate_pairs": pairs, "pairs_per_image": pairs / images,
-            "verify_ms": t["verify"], "exact_ms": t["exact"], "join_ms": t["join"],
-            "ms_per_pair": (t["verify"] + t["exact"]) / max(1, pairs), "note": d["run"].get("note", "")}
+def feature_loads(pairs, config, cache_size: int, chunk: int) -> dict:
+    """What verification of a pair table would do under ``config`` without running it: the pairs the gate
+    selects (``finder.to_verify``), the images they touch, and how many feature extractions the finder's bounded
+    cache would make in its locality order (``finder.locality_order``; the same chunked LRU as ``finder._Features``).
+    """
+    from collections import OrderedDict
+
+    from regis.duplicates.finder import locality_order, to_verify
+
+    rows = to_verify(pairs, config)
+    a, b = pairs.a[rows], pairs.b[rows]
+    order = locality_order(a, b)
+    cache: OrderedDict[int, None] = OrderedDict()
+    loads = 0
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        ids = [int(x) for r in part for x in (a[r], b[r])]
+        for i in dict.fromkeys(ids):
+            if i not in cache:
+                cache[i] = None
+                loads += 1
+        for i in ids:
+            cache.move_to_end(i)
+        while len(cache) > max(cache_size, len(ids)):
+            cache.popitem(last=False)
+    images = int(len(np.unique(np.concatenate([a, b])))) if len(rows) else 0
+    return {"candidate_pairs": int(len(pairs)), "pairs_verified": int(len(rows)), "images_touched": images,
+            "feature_extractions": loads, "cache_size": cache_size}
+
+
+def measured_run_with_files(index: Path, work: Path, config) -> dict:
+    """A full ``update_pairs`` with ``config`` on a copy of an index whose files exist (the labelled set): the
+    measured wall times and the verification's counts and rates (ms per feature extraction, ms per pair)."""
+    from regis.duplicates.finder import update_pairs
+    from regis.indexes.snapshot import IndexSnapshot
+
+    copy = work / "files-index"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(index, copy, ignore=shutil.ignore_patterns("duplicates"))
+    snap = IndexSnapshot.open(copy)
+    try:
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        run = update_pairs(snap, config, full=True)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    finally:
+        snap.close()
+    v = run.stored.settings.get("verification") or {}
+    return {"index": str(index), "images": int(len(run.stored.searched)), "candidate_pairs": len(run.stored.table),
+            "timings_ms": run.timings_ms, "wall_s": wall, "cpu_s": cpu, "verification": v,
+            "ms_per_feature_extraction": v.get("features_ms", 0.0) / max(1, v.get("features_computed", 0)),
+            "ms_per_pair_verified": v.get("match_ms", 0.0) / max(1, v.get("pairs_verified", 0))}
+
+
+def estimate(full: dict, measured: dict, n: int, target: int) -> dict:
+    """Minutes for a full run on ``target`` images: the self-join, exact check and grouping as measured on ``n``
+    (scaled by target / n when n is smaller), plus verification of the pairs the gate selected on this collection
+    (``verification_plan``: pairs, feature extractions) at the wall rates measured with real files."""
+    scale = target / n
+    plan = full["verification_plan"]
+    t = full["timings_ms"]
+    join_s, exact_s, group_s = (t["join"] / 1e3) * scale, (t["exact"] / 1e3) * scale, full["group_ms"] / 1e3 * scale
+    feat_s = plan["feature_extractions"] * scale * measured["ms_per_feature_extraction"] / 1e3
+    match_s = plan["pairs_verified"] * scale * measured["ms_per_pair_verified"] / 1e3
+    total = join_s + exact_s + group_s + feat_s + match_s
+    what = (f"measured at {target} images except verification" if scale == 1 else
+            f"EXTRAPOLATED from {n} images (x{scale:g}; the join's per-image cost grows with the IVF lists)")
+    return {"what": what + "; verification: this collection's gated pairs and feature extractions (no files: "
+            "generated images) at the rates of the run with real files", "images": target, "join_s": join_s,
+            "exact_s": exact_s, "group_s": group_s, "features_s": feat_s, "match_s": match_s,
+            "pairs_verified": plan["pairs_verified"] * scale,
+            "feature_extractions": plan["feature_extractions"] * scale, "total_min": total / 60}
 
 
 def main() -> None:
@@ -135,7 +201,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="FAISS threads (default: every core)")
     p.add_argument("--work", default="/tmp/regis-dup-scale")
-    p.add_argument("--verify-from", help="eval_duplicates.py JSON to price verification from")
+    p.add_argument("--files-index", help="an index whose files exist (the labelled set's): a full run with the "
+                   "shipped thresholds on a copy of it measures verification's rates")
     p.add_argument("--target-n", type=int, default=100_000)
     p.add_argument("--json")
     args = p.parse_args()
@@ -151,28 +218,22 @@ def main() -> None:
     built = write_index(index, db[:args.n])
     print(f"index of {args.n} images built in {built['build_s']:.0f} s ({built['faiss']})", file=sys.stderr)
     config = (shipped_calibration(DEFAULT_BACKBONE) or DuplicateConfig()).model_copy(update={"calibration": None})
-    full = run_once(index, config, args.threads)
+    full = run_once(index, config, args.threads, plan=True)
     print(f"full self-join: {full}", file=sys.stderr)
     added_s = add_images(index, db[args.n:])
-    inc = run_once(index, config, args.threads)
+    inc = run_once(index, config, args.threads, plan=True)
     inc["add_commit_s"] = added_s
     print(f"incremental: {inc}", file=sys.stderr)
     out = {"command": " ".join(["python -m bench.duplicates", *sys.argv[1:]]), "real_images": int(len(real)),
            "n": args.n, "index": built, "config": config.model_dump(exclude={"calibration"}), "full": full,
            "incremental": inc, "machine": machine_info(), "loadavg_1m_at_end": os.getloadavg()[0]}
-    if args.verify_from:
-        rates = verification_rates(Path(args.verify_from))
-        n = args.target_n
-        join_s = n / full["images_per_s"]
-        pairs = rates["pairs_per_image"] * n
-        verify_s = pairs * rates["ms_per_pair"] / 1e3
-        out["extrapolation"] = {
-            "what": f"NOT MEASURED at {n}: the self-join at the rate measured at {args.n} images (per image rate "
-                    "held constant: the IVF lists grow with n, so this is a lower bound for the join) plus "
-                    "verification at the labelled set's pairs per image and ms per pair",
-            "images": n, "join_s": join_s, "candidate_pairs": pairs, "verify_s": verify_s,
-            "total_min": (join_s + verify_s) / 60, "rates": rates}
-        print(f"extrapolated to {n}: {out['extrapolation']['total_min']:.1f} min", file=sys.stderr)
+    if args.files_index:
+        measured = measured_run_with_files(Path(args.files_index), work, config)
+        print(f"run with files: {measured}", file=sys.stderr)
+        out["with_files"] = measured
+        out["estimate"] = estimate(full, measured, args.n, args.target_n)
+        print(f"{args.target_n} images: {out['estimate']['total_min']:.1f} min ({out['estimate']['what']})",
+              file=sys.stderr)
     text = json.dumps(out, indent=1, default=float)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

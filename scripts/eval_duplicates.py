@@ -273,30 +273,77 @@ GRID = {
 }
 
 
-def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, dict]:
-    """Grid search (``GRID``) on one split; returns the chosen config and the search's facts."""
-    names = list(GRID)
+# stage 2: the token rules beside the geometry (None: off), searched with the stage-1 thresholds fixed
+TOKEN_GRID = {
+    "token_edited_verified": [None, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98],
+    "token_crop": [None, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85],
+    "token_crop_gap": [0.02, 0.04, 0.06, 0.08, 0.10, 0.15],
+}
+# stage 3: the verification gate, the highest that costs at most VERIFY_GATE_LOSS of the objective
+VERIFY_FLOORS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
+VERIFY_GATE_LOSS = 0.002
+PLATEAU = 0.002  # settings within this of the best objective form its plateau
+
+
+def _score(ev: Evaluation, cfg: DuplicateConfig) -> float | None:
+    """The objective (edited-copy recall + crop-direction accuracy), None when a constraint fails."""
+    relation, container = rel.classify(ev.table, cfg)
+    m = pair_metrics(ev, relation, container)
+    ok = (m["edited"]["precision"] >= 1 - MAX_PRECISION_LOSS
+          and m["scene"]["fraction_called_duplicates"] <= MAX_SCENE_AS_COPY)
+    return m["edited"]["recall"] + m["crops"]["direction_right_of_all"] if ok else None
+
+
+def _search(ev: Evaluation, base: DuplicateConfig, grid: dict) -> tuple[dict, dict]:
+    """Every setting of ``grid`` on ``base``; the centre of the best plateau (None values: ranked as the
+    lowest) and the search's facts."""
+    names = list(grid)
     scored = []
-    for values in itertools.product(*(GRID[n] for n in names)):
-        cfg = base.model_copy(update=dict(zip(names, values, strict=True)))
-        relation, container = rel.classify(ev.table, cfg)
-        m = pair_metrics(ev, relation, container)
-        ok = (m["edited"]["precision"] >= 1 - MAX_PRECISION_LOSS
-              and m["scene"]["fraction_called_duplicates"] <= MAX_SCENE_AS_COPY)
-        if ok:
-            scored.append((m["edited"]["recall"] + m["crops"]["direction_right_of_all"], values))
+    for values in itertools.product(*(grid[n] for n in names)):
+        got = _score(ev, base.model_copy(update=dict(zip(names, values, strict=True))))
+        if got is not None:
+            scored.append((got, values))
     if not scored:
         raise SystemExit("no threshold setting meets the precision and same-scene constraints on this split")
     best = max(s for s, _ in scored)
-    plateau = np.array([v for s, v in scored if s >= best - 0.002], dtype=np.float64)
-    centre = plateau.mean(axis=0)
-    span = np.array([max(GRID[n]) - min(GRID[n]) for n in names], dtype=np.float64)
-    pick = plateau[np.argmin((((plateau - centre) / span) ** 2).sum(axis=1))]
-    chosen = {n: (int(v) if isinstance(GRID[n][0], int) else round(float(v), 2)) for n, v in zip(names, pick,
-                                                                                                 strict=True)}
-    return base.model_copy(update=chosen), {"settings_tried": int(np.prod([len(GRID[n]) for n in names])),
-                                            "settings_meeting_constraints": len(scored), "best_objective": best,
-                                            "plateau_size": int(len(plateau)), "chosen": chosen}
+    plateau = [v for s, v in scored if s >= best - PLATEAU]
+    pos = np.array([[grid[n].index(x) / max(1, len(grid[n]) - 1) for n, x in zip(names, v, strict=True)]
+                    for v in plateau], dtype=np.float64)  # positions in the grid, 0..1 per axis
+    pick = plateau[int(np.argmin(((pos - pos.mean(axis=0)) ** 2).sum(axis=1)))]
+    chosen = dict(zip(names, pick, strict=True))
+    chosen = {n: (v if v is None or isinstance(v, int) else round(float(v), 2)) for n, v in chosen.items()}
+    return chosen, {"settings_tried": int(np.prod([len(grid[n]) for n in names])),
+                    "settings_meeting_constraints": len(scored), "best_objective": best,
+                    "plateau_size": len(plateau), "chosen": chosen}
+
+
+def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, dict]:
+    """Three stages on one split: ``GRID`` (geometry and floors), ``TOKEN_GRID`` (token rules, the rest fixed),
+    then the verification gate; returns the chosen config and each stage's facts."""
+    chosen1, facts1 = _search(ev, base, GRID)
+    cfg = base.model_copy(update=chosen1)
+    chosen2, facts2 = _search(ev, cfg, TOKEN_GRID)
+    cfg = cfg.model_copy(update=chosen2)
+    ref = _score(ev, cfg)
+    gate = None
+    tried = {}
+    for v in VERIFY_FLOORS:  # the highest gate whose objective stays within VERIFY_GATE_LOSS
+        got = _score(ev, cfg.model_copy(update={"verify_floor": v}))
+        tried[str(v)] = {"objective": got, "verified_fraction": verified_fraction(ev.table, cfg, v)}
+        if got is not None and ref is not None and got >= ref - VERIFY_GATE_LOSS:
+            gate = v
+    cfg = cfg.model_copy(update={"verify_floor": gate})
+    return cfg, {"geometry": facts1, "tokens": facts2,
+                 "verify_floor": {"objective_without": ref, "tried": tried, "chosen": gate,
+                                  "max_loss": VERIFY_GATE_LOSS}}
+
+
+def verified_fraction(table: PairTable, cfg: DuplicateConfig, verify_floor: float | None) -> float:
+    """The fraction of candidate pairs (at or above ``cfg.floor``, not exact) a run would verify with this gate."""
+    s_hi = np.maximum(table.s_ab, table.s_ba)
+    cand = (s_hi >= cfg.floor) & ~table.exact
+    gate = -2.0 if verify_floor is None else verify_floor
+    return float((cand & (s_hi >= gate)).sum() / max(1, cand.sum()))
 
 
 def main() -> None:
@@ -336,8 +383,11 @@ def main() -> None:
         if args.calibration_out:
             Path(args.calibration_out).write_text(json.dumps(config.model_dump(), indent=2) + "\n")
     results = {s: measure(ev, config) for s, ev in evals.items()}
+    for split, ev in evals.items():
+        results[split]["verified_fraction"] = verified_fraction(ev.table, config, config.verify_floor)
     out = {"command": " ".join(sys.argv), "set": args.set, "seed": args.seed, "backbone": args.backbone,
-           "images": len(labelled.items), "run": {"candidate_pairs": len(table), "timings_ms": run.timings_ms},
+           "images": len(labelled.items), "run": {"candidate_pairs": len(table), "timings_ms": run.timings_ms,
+                                                  "verification": run.stored.settings.get("verification")},
            "config": config.model_dump(exclude={"calibration"}), "calibration_search": search,
            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "splits": results}
@@ -353,7 +403,8 @@ def main() -> None:
               f"{c['direction_right_of_reported']:.3f} of reported | same-scene pairs in one group: "
               f"{sc['scene_pair_fraction_in_one_group']:.3f} ({sc['scene_pairs_in_one_group']}/"
               f"{r['scene']['labelled_pairs']}) | false duplicate pairs: regis {gv['regis_false_pairs']}, global "
-              f"vector {gv['false_pairs']} at recall {gv['recall']:.3f}")
+              f"vector {gv['false_pairs']} at recall {gv['recall']:.3f} | candidate pairs verified: "
+              f"{r['verified_fraction']:.3f}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ class DuplicateConfig(BaseModel):
         edited_max_cover: ... and one lies (almost) entirely inside the other, at least this much.
         crop_cover: a crop: the smaller frame lies at least this much inside the other (and does not cover
             ``edited_min_cover`` of it).
+        token_edited_verified: a verified pair whose geometry is not an edited copy's is one all the same when
+            its MaxSim per token is at least this in both directions (a wide border, or a rotation with filled
+            corners plus a small crop, leaves an edited copy's frame only partly covered; None: off).
         Anything else verified is the same scene (shared, shifted content).
 
     Relations of a pair that could not be verified (no file, or too few consistent matches):
@@ -77,6 +80,7 @@ class DuplicateConfig(BaseModel):
     edited_min_cover: float = Field(0.80, ge=0.0, le=1.0)
     edited_max_cover: float = Field(0.95, ge=0.0, le=1.0)
     crop_cover: float = Field(0.90, ge=0.0, le=1.0)
+    token_edited_verified: float | None = Field(None, ge=-1.0, le=1.0)
     token_edited: float = Field(0.97, ge=-1.0, le=1.0)
     token_crop: float | None = Field(None, ge=-1.0, le=1.0)
     token_crop_gap: float = Field(0.05, ge=0.0, le=2.0)

@@ -9,7 +9,8 @@ Rules, in order:
 0. A pair whose MaxSim per token is below ``floor`` both ways is dropped (a stored run may have used a lower one).
 1. ``exact``: the same bytes or the same pixels.
 2. A verified pair (at least ``min_inliers`` homography inliers): ``edited_copy`` when each frame covers at
-   least ``edited_min_cover`` of the other and one lies at least ``edited_max_cover`` inside the other; else
+   least ``edited_min_cover`` of the other and one lies at least ``edited_max_cover`` inside the other, or when
+   its MaxSim per token is at least ``token_edited_verified`` both ways; else
    ``crop`` when one frame lies at least ``crop_cover`` inside the other (that one is the crop); else
    ``same_scene`` (they share part of the view, shifted: another shot).
 3. An unverified pair (no file to read, too few consistent matches, or token scores below ``verify_floor``, so
@@ -60,6 +61,8 @@ def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
     lo = np.minimum(table.cover_a, table.cover_b)
     hi = np.maximum(table.cover_a, table.cover_b)
     edited = verified & (lo >= config.edited_min_cover) & (hi >= config.edited_max_cover)
+    if config.token_edited_verified is not None:
+        edited |= verified & (s_lo >= config.token_edited_verified)
     crop = verified & ~edited & (hi >= config.crop_cover)
     scene = verified & ~edited & ~crop
     t_edited = ~verified & (s_lo >= config.token_edited)
