@@ -218,18 +218,20 @@ def main() -> None:
     built = write_index(index, db[:args.n])
     print(f"index of {args.n} images built in {built['build_s']:.0f} s ({built['faiss']})", file=sys.stderr)
     config = (shipped_calibration(DEFAULT_BACKBONE) or DuplicateConfig()).model_copy(update={"calibration": None})
+    measured = None
+    if args.files_index:  # first: verification's rates, with real files
+        measured = measured_run_with_files(Path(args.files_index), work, config)
+        print(f"run with files: {measured}", file=sys.stderr)
     full = run_once(index, config, args.threads, plan=True)
     print(f"full self-join: {full}", file=sys.stderr)
     added_s = add_images(index, db[args.n:])
-    inc = run_once(index, config, args.threads, plan=True)
+    inc = run_once(index, config, args.threads)
     inc["add_commit_s"] = added_s
     print(f"incremental: {inc}", file=sys.stderr)
     out = {"command": " ".join(["python -m bench.duplicates", *sys.argv[1:]]), "real_images": int(len(real)),
            "n": args.n, "index": built, "config": config.model_dump(exclude={"calibration"}), "full": full,
            "incremental": inc, "machine": machine_info(), "loadavg_1m_at_end": os.getloadavg()[0]}
-    if args.files_index:
-        measured = measured_run_with_files(Path(args.files_index), work, config)
-        print(f"run with files: {measured}", file=sys.stderr)
+    if measured is not None:
         out["with_files"] = measured
         out["estimate"] = estimate(full, measured, args.n, args.target_n)
         print(f"{args.target_n} images: {out['estimate']['total_min']:.1f} min ({out['estimate']['what']})",

@@ -164,7 +164,7 @@ def evaluation(labelled: LabelledSet, splits: dict[str, str], snapshot, table: P
     return Evaluation(sub, label, small_is_a, counts, images, by_id, pairs, glob)
 
 
-def pair_metrics(ev: Evaluation, relation: np.ndarray, container: np.ndarray) -> dict:
+def pair_metrics(ev: Evaluation, relation: np.ndarray, container: np.ndarray, cfg: DuplicateConfig) -> dict:
     """Edited-copy precision / recall, crop direction, same-scene pairs called copies (pair level)."""
     lab = ev.label
     pred_edit = relation == rel.EDITED
@@ -188,7 +188,10 @@ def pair_metrics(ev: Evaluation, relation: np.ndarray, container: np.ndarray) ->
         "crops": {"labelled_pairs": ev.counts["crop"], "found": int(crop.sum()),
                   "reported_as_crop": int(reported.sum()), "direction_right": int(right.sum()),
                   "direction_right_of_all": int(right.sum()) / max(1, ev.counts["crop"]),
-                  "direction_right_of_reported": int(right.sum()) / max(1, int(reported.sum()))},
+                  "direction_right_of_reported": int(right.sum()) / max(1, int(reported.sum())),
+                  "all_reported_as_crop": int((relation == rel.CROP).sum()),
+                  "precision": int(right.sum()) / max(1, int((relation == rel.CROP).sum())),
+                  "unverified": int((right & ~rel.is_verified(ev.table, cfg)).sum())},
         "scene": {"labelled_pairs": ev.counts["scene"], "called_duplicates": int((scene & dup).sum()),
                   "fraction_called_duplicates": int((scene & dup).sum()) / max(1, ev.counts["scene"])},
     }
@@ -251,7 +254,7 @@ def global_baseline(ev: Evaluation, recall: float) -> dict:
 def measure(ev: Evaluation, config: DuplicateConfig) -> dict:
     """Every figure of one split under ``config``."""
     relation, container = rel.classify(ev.table, config)
-    out = pair_metrics(ev, relation, container)
+    out = pair_metrics(ev, relation, container, config)
     out["groups"] = group_metrics(ev, config)
     base = global_baseline(ev, out["duplicates"]["recall"])
     ours = out["duplicates"]["false"]
@@ -273,11 +276,9 @@ GRID = {
 }
 
 
-# stage 2: the token rules beside the geometry (None: off), searched with the stage-1 thresholds fixed
+# stage 2: the token rule beside the geometry (None: off), searched with the stage-1 thresholds fixed
 TOKEN_GRID = {
     "token_edited_verified": [None, 0.90, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98],
-    "token_crop": [None, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85],
-    "token_crop_gap": [0.02, 0.04, 0.06, 0.08, 0.10, 0.15],
 }
 # stage 3: the verification gate, the highest that costs at most VERIFY_GATE_LOSS of the objective
 VERIFY_FLOORS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
@@ -288,7 +289,7 @@ PLATEAU = 0.002  # settings within this of the best objective form its plateau
 def _score(ev: Evaluation, cfg: DuplicateConfig) -> float | None:
     """The objective (edited-copy recall + crop-direction accuracy), None when a constraint fails."""
     relation, container = rel.classify(ev.table, cfg)
-    m = pair_metrics(ev, relation, container)
+    m = pair_metrics(ev, relation, container, cfg)
     ok = (m["edited"]["precision"] >= 1 - MAX_PRECISION_LOSS
           and m["scene"]["fraction_called_duplicates"] <= MAX_SCENE_AS_COPY)
     return m["edited"]["recall"] + m["crops"]["direction_right_of_all"] if ok else None
@@ -400,7 +401,8 @@ def main() -> None:
         print(f"[{split}] {r['images']} images | edited copies: precision {e['precision']:.3f}, recall "
               f"{e['recall']:.3f} ({e['true']}/{e['labelled_pairs']}, {e['false']} false) | crops: direction right "
               f"{c['direction_right_of_all']:.3f} of all ({c['direction_right']}/{c['labelled_pairs']}), "
-              f"{c['direction_right_of_reported']:.3f} of reported | same-scene pairs in one group: "
+              f"{c['direction_right_of_reported']:.3f} of reported, crop precision {c['precision']:.3f} | "
+              f"same-scene pairs in one group: "
               f"{sc['scene_pair_fraction_in_one_group']:.3f} ({sc['scene_pairs_in_one_group']}/"
               f"{r['scene']['labelled_pairs']}) | false duplicate pairs: regis {gv['regis_false_pairs']}, global "
               f"vector {gv['false_pairs']} at recall {gv['recall']:.3f} | candidate pairs verified: "

@@ -55,10 +55,6 @@ class DuplicateConfig(BaseModel):
 
     Relations of a pair that could not be verified (no file, or too few consistent matches):
         token_edited: an edited copy when the MaxSim per token is at least this in both directions.
-        token_crop, token_crop_gap: otherwise a crop when the MaxSim per token is at least ``token_crop`` in one
-            direction and at least ``token_crop_gap`` lower in the other (MaxSim is asymmetric: every token of a
-            crop finds itself in the photo it was cut from, not the reverse; the image whose tokens are matched
-            best is the crop). None: no crop without verification.
         token_scene: otherwise the same scene when it is at least this in either direction; below: not reported.
 
     Exact copies: the same bytes (SHA-256), or the same pixels (checked by decoding both files when their sizes
@@ -82,8 +78,6 @@ class DuplicateConfig(BaseModel):
     crop_cover: float = Field(0.90, ge=0.0, le=1.0)
     token_edited_verified: float | None = Field(None, ge=-1.0, le=1.0)
     token_edited: float = Field(0.97, ge=-1.0, le=1.0)
-    token_crop: float | None = Field(None, ge=-1.0, le=1.0)
-    token_crop_gap: float = Field(0.05, ge=0.0, le=2.0)
     token_scene: float = Field(0.75, ge=-1.0, le=1.0)
     exact_tokens: float = Field(0.97, ge=0.0, le=1.0)
     calibration: dict | None = None
