@@ -191,7 +191,8 @@ def pair_metrics(ev: Evaluation, relation: np.ndarray, container: np.ndarray, cf
                   "direction_right_of_reported": int(right.sum()) / max(1, int(reported.sum())),
                   "all_reported_as_crop": int((relation == rel.CROP).sum()),
                   "precision": int(right.sum()) / max(1, int((relation == rel.CROP).sum())),
-                  "unverified": int((right & ~rel.is_verified(ev.table, cfg)).sum())},
+                  "reported_by_label": {name: int(((relation == rel.CROP) & (lab == code)).sum())
+                                        for name, code in LABELS.items()}},
         "scene": {"labelled_pairs": ev.counts["scene"], "called_duplicates": int((scene & dup).sum()),
                   "fraction_called_duplicates": int((scene & dup).sum()) / max(1, ev.counts["scene"])},
     }
@@ -339,6 +340,23 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
                                   "max_loss": VERIFY_GATE_LOSS}}
 
 
+ABLATIONS = {"verify_floor": {"verify_floor": None}, "token_edited_verified": {"token_edited_verified": None},
+             "both": {"verify_floor": None, "token_edited_verified": None}}
+
+
+def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
+    """Edited-copy and crop figures of one split with each of the second round's rules off (same stored pairs)."""
+    out = {}
+    for name, off in ABLATIONS.items():
+        cfg = config.model_copy(update=off)
+        relation, container = rel.classify(ev.table, cfg)
+        m = pair_metrics(ev, relation, container, cfg)
+        out[name] = {"edited_true": m["edited"]["true"], "edited_false": m["edited"]["false"],
+                     "edited_recall": m["edited"]["recall"], "crops_right": m["crops"]["direction_right"],
+                     "crops_right_of_all": m["crops"]["direction_right_of_all"]}
+    return out
+
+
 def verified_fraction(table: PairTable, cfg: DuplicateConfig, verify_floor: float | None) -> float:
     """The fraction of candidate pairs (at or above ``cfg.floor``, not exact) a run would verify with this gate."""
     s_hi = np.maximum(table.s_ab, table.s_ba)
@@ -386,6 +404,7 @@ def main() -> None:
     results = {s: measure(ev, config) for s, ev in evals.items()}
     for split, ev in evals.items():
         results[split]["verified_fraction"] = verified_fraction(ev.table, config, config.verify_floor)
+        results[split]["without"] = ablations(ev, config)
     out = {"command": " ".join(sys.argv), "set": args.set, "seed": args.seed, "backbone": args.backbone,
            "images": len(labelled.items), "run": {"candidate_pairs": len(table), "timings_ms": run.timings_ms,
                                                   "verification": run.stored.settings.get("verification")},

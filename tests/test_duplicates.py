@@ -394,3 +394,26 @@ def test_a_moved_camera_shot_is_the_same_scene(photos_dir, name):
 @pytest.mark.parametrize("name", ["skimage-coffee.png", "skimage-chelsea.png"])
 def test_a_burst_frame_is_the_same_scene(photos_dir, name):
     assert _relation_of_shots(photos_dir, name, 0.02) == "same_scene"
+
+
+def test_stored_pairs_are_reused_only_when_they_were_verified_at_or_below_the_gate(monkeypatch):
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder, store
+
+    def stored(verify_floor):
+        cfg = DuplicateConfig(floor=0.35, verify_floor=verify_floor)
+        return SimpleNamespace(version=3, settings={"candidates": cfg.candidate_settings()})
+
+    snapshot = SimpleNamespace(index_dir="unused", version=3)
+    for have, want, reused in [(None, 0.4, True), (0.4, 0.4, True), (0.4, 0.5, True), (0.4, 0.3, False),
+                               (0.4, None, False), (None, None, True)]:
+        monkeypatch.setattr(store, "latest", lambda index_dir, version, have=have: stored(have))
+        got = finder._reusable(snapshot, DuplicateConfig(floor=0.35, verify_floor=want), full=False)
+        assert (got is not None) == reused, (have, want)
+    # pairs stored before the gate existed (no verify_floor in their settings): every candidate was verified
+    old = DuplicateConfig(floor=0.35).candidate_settings()
+    del old["verify_floor"]
+    monkeypatch.setattr(store, "latest", lambda index_dir, version: SimpleNamespace(version=3,
+                                                                                     settings={"candidates": old}))
+    assert finder._reusable(snapshot, DuplicateConfig(floor=0.35, verify_floor=0.4), full=False) is not None
