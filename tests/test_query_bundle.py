@@ -217,8 +217,15 @@ def test_a_bundle_that_does_not_match_or_cannot_be_read_is_not_used(regis_encode
     assert load_bundle(regis_encoder.config, regis_encoder.weights_info, copy) is not None
     (folder / META_FILE).write_text(json.dumps({**meta, "weights_sha256": "0" * 64}))
     assert load_bundle(regis_encoder.config, regis_encoder.weights_info, copy) is None
+    (folder / META_FILE).write_text(json.dumps({**meta, "onnxruntime": "0.0.1"}))  # another ONNX Runtime wrote it
+    assert load_bundle(regis_encoder.config, regis_encoder.weights_info, copy) is None
     (folder / META_FILE).write_text("{not json")
     assert load_bundle(regis_encoder.config, regis_encoder.weights_info, copy) is None
+    from regis.models.query_export import write_query_bundle
+
+    assert write_query_bundle(regis_encoder, copy) == folder  # the unreadable bundle is replaced
+    assert load_bundle(regis_encoder.config, regis_encoder.weights_info, copy) is not None
+    assert [p.name for p in copy.iterdir()] == [folder.name]
     other = regis_encoder.config.model_copy(update={"roi_size": 3})
     assert load_bundle(other, regis_encoder.weights_info, bundle_root) is None  # another key: no folder
 

@@ -150,7 +150,8 @@ def load_bundle(config: EncoderConfig, weights: WeightsInfo, root: Path | None =
 
     Returns:
         An ``OnnxQueryEncoder``, or None: no bundle, a config the numpy readout does not cover, onnxruntime not
-        installed, or a bundle that does not match or cannot be read (logged; a new one may be written).
+        installed, or a bundle that does not match (another encoder, or written by another ONNX Runtime version)
+        or cannot be read (logged; ``write_query_bundle`` replaces it).
     """
     if unsupported_reason(config):
         return None
@@ -159,13 +160,14 @@ def load_bundle(config: EncoderConfig, weights: WeightsInfo, root: Path | None =
     if not meta_path.is_file():
         return None
     try:
-        import onnxruntime  # noqa: F401
+        import onnxruntime
     except ImportError:
         return None
     try:
         meta = json.loads(meta_path.read_text())
         same = (meta.get("format") == BUNDLE_FORMAT and EncoderConfig(**meta["config"]) == config
-                and meta.get("weights_sha256") == weights.sha256 and meta.get("head_sha256") == weights.head_sha256)
+                and meta.get("weights_sha256") == weights.sha256 and meta.get("head_sha256") == weights.head_sha256
+                and meta.get("onnxruntime") == onnxruntime.__version__)  # its optimised graph is this version's
         if not same:
             log.warning("query encoder bundle %s does not match this encoder; not used", folder)
             return None

@@ -26,6 +26,7 @@ from regis.models.query_bundle import (
     MODEL_FILE,
     OnnxQueryEncoder,
     bundle_dir,
+    load_bundle,
     read_head,
 )
 
@@ -83,7 +84,8 @@ def save_optimized(model: bytes, path: Path) -> None:
 
 
 def write_query_bundle(encoder: RegisEncoder, root: Path | None = None) -> Path:
-    """Make the encoder's bundle (``query_bundle.bundle_dir``) unless it is there; returns its folder.
+    """Make the encoder's bundle (``query_bundle.bundle_dir``) unless a usable one is there (``load_bundle``; one
+    it rejects is replaced); returns its folder.
 
     Raises:
         ConfigError: an encoder the numpy readout does not cover, an encoder not on the CPU, or a bundle whose
@@ -98,7 +100,11 @@ def write_query_bundle(encoder: RegisEncoder, root: Path | None = None) -> Path:
         raise ConfigError("the query bundle is exported from an encoder on the CPU")
     final = bundle_dir(encoder.config, encoder.weights_info, root)
     if (final / META_FILE).is_file():
-        return final
+        if load_bundle(encoder.config, encoder.weights_info, root) is not None:
+            return final
+        stale = final.parent / f".stale-{final.name}-{uuid.uuid4().hex[:8]}"
+        final.rename(stale)  # out of readers' way in one step, then removed
+        shutil.rmtree(stale, ignore_errors=True)
     import onnxruntime  # noqa: F401  (missing: fail before the export)
 
     final.parent.mkdir(parents=True, exist_ok=True)
