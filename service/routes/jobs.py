@@ -12,9 +12,9 @@ from regis.jobs.folders import FolderError, resolve_folder
 from regis.jobs.model import JobInfo, JobSpec
 from regis.jobs.queue import JobQueue
 from service.deps import get_jobs, get_live, get_settings
+from service.errors import APIError
 from service.jobs import await_served
 from service.live import LiveIndex
-from service.errors import APIError
 from service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])  # under /v1 and /v1/collections/{collection}
