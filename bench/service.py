@@ -15,9 +15,12 @@ without and with dynamic batching, side by side in one run.
    / ``@torch`` sets the query runtime (``REGIS_QUERY_RUNTIME``; default: the server's, ONNX Runtime when
    installed), and ``:tN`` sets that server's ``REGIS_TORCH_THREADS`` (e.g. ``batched:t2``, over
    ``--torch-threads``); ``ray``: the same
-   index split into ``--shards`` shards (``regis.sharding.write.split_index``) served by ``cluster.serve`` on
-   a local one-node Ray cluster of ``--ray-cpus`` logical CPUs (encoder with ``@serve.batch``, one deployment
-   per shard, the ingress).
+   index split into ``--shards`` shards (``ray/N``: N shards; ``regis.sharding.write.split_index``) served by
+   ``cluster.serve`` on a local one-node Ray cluster of ``--ray-cpus`` logical CPUs with ``regis serve --ray``'s
+   defaults (queries encoded in the ingress with the batching above, or ``ray@deployment``: the ``Encoder``
+   deployment; one deployment per shard; CPU requests sized from the cluster; no access log, as the ``regis
+   serve`` it is compared with). Its rows add the CPU ms per request of each kind of process of the cluster
+   (the proxy, the ingress, each shard, Ray's GCS, raylet, controller and agents) and their resident MiB.
    Every server is started first; then each concurrency level runs once per mode, one mode after the other
    (interleaved, so that a shared machine's changing load falls on every mode alike).
 3. Clients (``bench.loadgen``): ``c`` keep-alive connections on one asyncio event loop in this process, each
@@ -144,13 +147,24 @@ def run_level(url: str, payloads: list[bytes], clients: int, total: int, server_
     server's CPU time per request (ms)."""
     from bench.loadgen import run_load
 
-    cpu0 = sum(process_cpu_s(p) for p in server_pids or [])
+    before = {p: process_cpu_s(p) for p in server_pids or []}
     r = run_load(url + "?k=10", payloads, clients, total)
-    cpu1 = sum(process_cpu_s(p) for p in server_pids or [])
+    after = {p: process_cpu_s(p) for p in server_pids or []}
+    cpu0, cpu1 = sum(before.values()), sum(after.values())
     lat, server = r["latencies_s"], r["timings"]
     means = {f"server_{k}_ms": float(np.mean([s[k] for s in server])) for k in server[0]
              if not k.startswith("at_")} if server else {}  # at_*: traced absolute times (bench.tail)
     extra = {"server_cpu_ms_per_req": (cpu1 - cpu0) * 1e3 / len(lat)} if server_pids and lat else {}
+    if server_pids and len(server_pids) > 1 and lat:  # ray: where the CPU went, ms per request per process kind
+        by_kind: dict[str, float] = {}
+        for pid, cpu in after.items():
+            kind = process_kind(pid)
+            by_kind[kind] = by_kind.get(kind, 0.0) + (cpu - before.get(pid, cpu)) * 1e3 / len(lat)
+        extra["server_cpu_ms_per_req_by_process"] = {k: round(v, 2) for k, v in sorted(by_kind.items()) if v >= 0.05}
+        rss: dict[str, float] = {}
+        for pid in after:
+            rss[process_kind(pid)] = rss.get(process_kind(pid), 0.0) + process_rss_mib(pid)
+        extra["server_rss_mib_by_process"] = {k: round(v, 1) for k, v in sorted(rss.items()) if v >= 1}
     return {"clients": clients, "requests": len(lat), "errors": len(r["errors"]),
             "throughput_qps": len(lat) / r["wall_s"],
             "client_cpu_share": r["client_cpu_s"] / (r["wall_s"] * (os.cpu_count() or 1)),
@@ -164,6 +178,34 @@ def process_cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_rss_mib(pid: int) -> float:
+    """Resident memory of a process now, MiB (Linux ``/proc/PID/status`` VmRSS; 0 when it is gone)."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def process_kind(pid: int) -> str:
+    """What a process of a Ray node is, from its command line (Ray workers set theirs to ``ray::<actor>``):
+    e.g. "ray::ServeReplica:regis-bench:Ingress", "ray::ProxyActor", "raylet", "gcs_server", "python"."""
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        return "gone"
+    first = argv[0].decode(errors="replace").strip()
+    if first.startswith("ray::"):
+        return first.split()[0]
+    name = Path(first.split()[0]).name if first else "?"
+    if name.startswith("python") and len(argv) > 1:  # ray's agents and monitors: the script they run
+        script = next((Path(a.decode(errors="replace")).name for a in argv[1:] if a.endswith(b".py")), "")
+        return f"python {script}".strip()
+    return name
 
 
 def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
@@ -187,10 +229,11 @@ def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
         time.sleep(0.5)
 
 
-def start_ray(index, args, placement: str = "auto"):
-    """The index split into ``args.shards`` shards (cached) behind Ray Serve on a local Ray cluster, queries
-    encoded where ``placement`` says (``RaySettings.encoder_placement``: mode ``ray@ingress`` /
-    ``ray@deployment``; ``ray``: the default); returns a stop function and the base URL once /readyz answers."""
+def start_ray(index, args, placement: str = "auto", shards: int | None = None):
+    """The index split into ``shards`` shards (default ``args.shards``; cached) behind Ray Serve on a local Ray
+    cluster, queries encoded where ``placement`` says (``RaySettings.encoder_placement``: mode ``ray@ingress`` /
+    ``ray@deployment``; ``ray``: the default), CPU requests sized from the cluster as ``regis serve --ray`` sizes
+    them, other settings from ``REGIS_RAY_*``; returns a stop function and the base URL once /readyz answers."""
     import httpx
     import ray
     from ray import serve
@@ -202,9 +245,10 @@ def start_ray(index, args, placement: str = "auto"):
     from regis.sharding.write import split_index
     from service.settings import Settings
 
-    collection = index.with_name(f"{index.name}-shards{args.shards}")
+    shards = shards or args.shards
+    collection = index.with_name(f"{index.name}-shards{shards}")
     if not is_sharded(collection):
-        split_index(index, collection, args.shards)
+        split_index(index, collection, shards)
     cluster = LocalRayCluster(head_cpus=args.ray_cpus, workers=0, object_store_bytes=500 * 1024**2).start()
 
     def stop():
@@ -216,9 +260,9 @@ def start_ray(index, args, placement: str = "auto"):
 
     try:
         ray.init(address=cluster.address, namespace="regis-bench", log_to_driver=False)
-        settings = RaySettings(http_port=free_port(), proxy_location="HeadOnly", encoder_num_cpus=1,
-                               shard_num_cpus=0.25, ingress_num_cpus=0.25, app_name="regis-bench",
-                               encoder_placement=placement,
+        # no access log: as the `regis serve` it is compared with (--log-level warning)
+        settings = RaySettings(http_port=free_port(), proxy_location="HeadOnly", app_name="regis-bench",
+                               encoder_placement=placement, access_log=False,
                                max_batch_size=args.batch_max_size or 4,
                                batch_wait_timeout_s=(args.batch_max_wait_ms or 5.0) / 1e3)
         print("ray settings:", settings.model_dump_json(), flush=True)  # batch, CPUs, max_ongoing_requests
@@ -300,7 +344,8 @@ def main() -> None:
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--modes", default="unbatched,batched",
                    help="comma-separated: unbatched, batched (either with @onnx or @torch), ray (@ingress or "
-                        "@deployment: where Ray Serve encodes queries; default: the CPU default, the ingress)")
+                        "@deployment: where Ray Serve encodes queries; default: the CPU default, the ingress; then "
+                        "/N: N shards, default --shards; e.g. ray/1,ray/2)")
     p.add_argument("--shards", type=int, default=2, help="ray mode: shards of the collection")
     p.add_argument("--ray-cpus", type=int, default=2, help="ray mode: logical CPUs of the local Ray node")
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
@@ -329,8 +374,9 @@ def main() -> None:
     print("loadavg before:", os.getloadavg(), flush=True)
     try:
         for mode in modes:
-            if mode.partition("@")[0] == "ray":
-                servers[mode] = start_ray(index, args, mode.partition("@")[2] or "auto")
+            if mode.partition("@")[0].partition("/")[0] == "ray":
+                base, _, shards = mode.partition("/")
+                servers[mode] = start_ray(index, args, base.partition("@")[2] or "auto", int(shards or 0) or None)
             else:
                 proc, base = start_server(index, mode_env(mode, args))
                 servers[mode] = (lambda proc=proc: (proc.terminate(), proc.wait(timeout=30)), base)

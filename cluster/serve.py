@@ -430,15 +430,17 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
             "ingress": settings.ingress_num_cpus, "writer": settings.writer_num_cpus}
     shares = full_shares(settings)
     cpus = {role: (value if value is not None else shares[role]) for role, value in cpus.items()}
+    quiet = {"enable_access_log": False}  # internal calls: no access log line each (settings.access_log)
     encoder = None
     if not settings.encoder_in_ingress():
         encoder = Encoder.options(num_replicas=settings.encoder_replicas,
                                   max_ongoing_requests=settings.encoder_max_ongoing_requests,
-                                  ray_actor_options={"num_cpus": cpus["encoder"], **gpus}
+                                  ray_actor_options={"num_cpus": cpus["encoder"], **gpus}, logging_config=quiet
                                   ).bind(collection, settings, weights)
     shards = [Shard.options(name=f"shard-{s:03d}", num_replicas=settings.shard_replicas,
                             max_ongoing_requests=settings.shard_max_ongoing_requests,
-                            ray_actor_options={"num_cpus": cpus["shard"]}).bind(collection, s, settings)
+                            ray_actor_options={"num_cpus": cpus["shard"]}, logging_config=quiet
+                            ).bind(collection, s, settings)
               for s in range(layout["num_shards"])]
     service = service.model_copy(update={"index_dir": Path(collection)})
     writer = None
@@ -448,7 +450,8 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
         writer = Writer.options(ray_actor_options={"num_cpus": cpus["writer"]}).bind(service, weights)
     return Ingress.options(num_replicas=settings.ingress_replicas,
                            max_ongoing_requests=settings.ingress_max_ongoing_requests,
-                           ray_actor_options={"num_cpus": cpus["ingress"]}
+                           ray_actor_options={"num_cpus": cpus["ingress"]},
+                           logging_config={"enable_access_log": settings.access_log}
                            ).bind(service, settings, weights, encoder, writer, *shards)
 
 
@@ -495,7 +498,8 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
     say(f"regis: deploying {num_shards} shard(s) x {settings.shard_replicas} replica(s), {encoders}, "
         f"{settings.ingress_replicas} ingress: {sizing.describe()}"
         + ("" if sizing.fits else " (more than the cluster has free: waiting for resources)"))
-    serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings))
+    serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings),
+                logging_config={"enable_access_log": settings.access_log})
     serve.run_many([serve.RunTarget(build_app(collection, service, settings, weights), name=settings.app_name,
                                     route_prefix="/")],
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)

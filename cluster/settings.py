@@ -48,6 +48,9 @@ class RaySettings(BaseSettings):
             upload and a coroutine). Each is at least ``max_batch_size`` (else a ``@serve.batch`` could never
             fill); every query admitted by the ingress makes one encoder call and one search call per shard, so the
             defaults (256 each) admit downstream what the ingress admits.
+        access_log: Ray Serve's access log of each HTTP request (one line at the proxy and one at the ingress,
+            like ``regis serve``'s uvicorn at ``--log-level info``). The shard and encoder deployments never log
+            their calls (one line per shard per batch, which Ray's log monitor then reads: CPU for nothing).
         shard_timeout_s: a shard that has not answered after this many seconds counts as missing.
         encoder_timeout_s: an encode that takes longer fails the request with 503, seconds.
         on_missing_shards: "error": answer 503 ``shards_unavailable`` when a shard is missing (never a silently
@@ -85,6 +88,7 @@ class RaySettings(BaseSettings):
     ingress_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     encoder_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
     shard_max_ongoing_requests: int = Field(default=256, ge=1, le=100_000)
+    access_log: bool = True
     shard_timeout_s: float = Field(default=5.0, gt=0, le=600)
     encoder_timeout_s: float = Field(default=30.0, gt=0, le=600)
     on_missing_shards: Literal["error", "partial"] = "error"
