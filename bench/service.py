@@ -156,6 +156,7 @@ def run_level(url: str, payloads: list[bytes], clients: int, total: int, server_
              if not k.startswith("at_")} if server else {}  # at_*: traced absolute times (bench.tail)
     extra = {"server_cpu_ms_per_req": (cpu1 - cpu0) * 1e3 / len(lat)} if server_pids and lat else {}
     if server_pids and len(server_pids) > 1 and lat:  # ray: where the CPU went, ms per request per process kind
+        extra["server_processes"] = len(server_pids)
         by_kind: dict[str, float] = {}
         for pid, cpu in after.items():
             kind = process_kind(pid)
@@ -345,7 +346,7 @@ def main() -> None:
     p.add_argument("--modes", default="unbatched,batched",
                    help="comma-separated: unbatched, batched (either with @onnx or @torch), ray (@ingress or "
                         "@deployment: where Ray Serve encodes queries; default: the CPU default, the ingress; then "
-                        "/N: N shards, default --shards; e.g. ray/1,ray/2)")
+                        "/N: N shards, default --shards; e.g. ray/1; one ray mode per run)")
     p.add_argument("--shards", type=int, default=2, help="ray mode: shards of the collection")
     p.add_argument("--ray-cpus", type=int, default=2, help="ray mode: logical CPUs of the local Ray node")
     p.add_argument("--batch-max-size", type=int, default=None, help="batched mode: REGIS_BATCH_MAX_SIZE")
@@ -369,6 +370,8 @@ def main() -> None:
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     rows = []
     modes = args.modes.split(",")
+    if sum(m.partition("@")[0].partition("/")[0] == "ray" for m in modes) > 1:
+        raise SystemExit("one ray mode per run: this process joins one Ray cluster (ray.init); run the others apart")
     servers: dict[str, tuple] = {}
     pids: dict[str, list[int]] = {}
     print("loadavg before:", os.getloadavg(), flush=True)

@@ -39,6 +39,23 @@ def test_serve_start_gets_the_keep_alive_of_regis_serve(tmp_path, monkeypatch):
     options = calls["start"]["http_options"]
     assert options == {"host": settings.http_host, "port": 8123, "keep_alive_timeout_s": 62}
     assert HTTPOptions(**options).keep_alive_timeout_s == 62  # an option this Ray's proxy takes
+    assert calls["start"]["logging_config"] == {"enable_access_log": True}  # the proxy's line per request
+
+
+@pytest.mark.parametrize("access_log", [True, False])
+def test_only_the_ingress_logs_each_request(tmp_path, monkeypatch, access_log):
+    """The shard and encoder deployments never write an access line per call (one per shard per batch, read
+    again by Ray's log monitor: CPU for nothing); the ingress writes one per request unless REGIS_RAY_ACCESS_LOG=0
+    (as regis serve's uvicorn, BENCHMARKS.md section 6 measures Ray Serve without)."""
+    from ray.serve._private.build_app import build_app as ray_build_app
+    from ray.serve.schema import LoggingConfig
+
+    monkeypatch.setattr(cluster.serve, "read_layout", lambda collection: {"num_shards": 2})
+    monkeypatch.setenv("REGIS_RAY_ACCESS_LOG", "1" if access_log else "0")
+    app = cluster.serve.build_app(tmp_path, Settings(index_dir=tmp_path), RaySettings(encoder_placement="deployment"))
+    built = ray_build_app(app, name="regis-test")
+    got = {d.name: LoggingConfig(**d.logging_config).enable_access_log for d in built.deployments}
+    assert got == {"Ingress": access_log, "Encoder": False, "shard-000": False, "shard-001": False}
 
 
 def test_the_rayservice_proxy_keeps_idle_connections_as_long_as_regis_serve():
