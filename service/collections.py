@@ -182,6 +182,11 @@ class CollectionRegistry:
         live = self._live.get(self.default_name)
         return live is not None and live.engine is None and live.is_default_collection
 
+    def default_created(self) -> bool:
+        """Whether the default collection of a collections root exists there (a config or an index under its
+        name): then a route without /collections/{name} searches it, empty or not, instead of answering 404."""
+        return self.root is not None and self.root.exists(self.default_name)
+
     def searchable_names(self) -> list[str]:
         """The collections that hold an index version (what a search can be sent to), by name."""
         out = []

@@ -74,20 +74,49 @@ def get_live(request: Request) -> LiveIndex | None:
     return registry.live(name)
 
 
-def get_engine(request: Request) -> QueryEngine:
-    """The query engine over the live index version.
+def get_engine_or_empty(request: Request) -> QueryEngine | None:
+    """The query engine over the live index version, or None when the request's collection exists and has no
+    published version yet (created, nothing written to it): its search and list routes then answer 200 with no
+    results (``service.searching.empty_search``), as a search of an empty collection does in other vector stores.
+
+    A version published by another process (the worker) and not swapped in yet is opened here, at once.
 
     Raises:
         APIError: 404 ``no_default_collection`` on a default route when the service's collections root has no
-            default collection (the message and ``collections`` name those that can be searched); 503 when no
-            index version is loaded yet.
+            default collection (no config and no index under its name; the message and ``collections`` name those
+            that can be searched); 404 ``collection_not_found`` for a collection deleted meanwhile; 503
+            ``index_unavailable`` when a published version cannot be opened (the message says why), for a sharded
+            collection without a served version, or for an app created without an index (``load=False``).
     """
     live = get_live(request)
     engine = live.engine if live is not None else getattr(request.app.state, "engine", None)
+    if engine is not None:
+        return engine
     registry = get_registry(request)
-    if engine is None and registry is not None and get_collection_name(request) in (None, registry.default_name) \
-            and registry.default_missing():
+    if registry is not None and get_collection_name(request) in (None, registry.default_name) \
+            and registry.default_missing() and not registry.default_created():
         raise registry.no_default_error()
+    if live is None:
+        raise APIError(503, "index_unavailable", "no index version is loaded")
+    if not live.published():
+        check_collection_exists(request)  # deleted meanwhile (a tombstone has no CURRENT either): 404, not empty
+        return None
+    live.refresh()  # CURRENT names a version the watcher has not swapped in yet (or one that cannot be opened)
+    if live.engine is None:
+        why = f": {live.last_error}" if live.last_error else ""
+        raise APIError(503, "index_unavailable", f"the published index version cannot be opened{why}")
+    return live.engine
+
+
+def get_engine(request: Request) -> QueryEngine:
+    """The query engine over the live index version, for the routes that need one (an image by id, explain,
+    duplicates).
+
+    Raises:
+        APIError: as ``get_engine_or_empty``, and 503 ``index_unavailable`` when the collection has no published
+            version yet.
+    """
+    engine = get_engine_or_empty(request)
     if engine is None:
         hint = (" yet: index a folder (POST /v1/jobs/index) or upload images (POST /v1/images)"
                 if getattr(request.app.state, "jobs", None) is not None else "")

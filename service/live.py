@@ -72,6 +72,13 @@ class LiveIndex:
         s = self.settings
         return s.collections_root is not None and Path(s.index_dir) == Path(s.collections_root) / s.default_collection
 
+    def published(self) -> bool:
+        """Whether the collection has a published index version on disk (CURRENT names one; a sharded collection
+        counts as published: its shards say). False for a collection created and not written to yet."""
+        from regis.sharding.layout import is_sharded
+
+        return self._current() is not None or is_sharded(self.index_dir)
+
     def _current(self) -> str | None:
         return read_current(self.index_dir) if self.index_dir.is_dir() else None
 

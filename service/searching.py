@@ -121,3 +121,35 @@ async def run_search_batch(request: Request, engine: QueryEngine, images: list[b
     for r in results:
         request.app.state.metrics.observe_search(r["timings_ms"])
     return results
+
+
+EMPTY_VERSION = 0  # the index_version of an answer from a collection without a published version (versions start at 1)
+
+
+def empty_search(k: int, depth: int | None, mode: str) -> dict:
+    """The answer of a search on a collection that has no published index version yet: no results,
+    ``index_version`` 0, ``num_candidates`` 0, every timing 0 ms (``depth`` 0 when the request gave none: there
+    is no manifest to take the tuned default from)."""
+    return {"index_version": EMPTY_VERSION, "mode": mode, "k": k, "depth": depth or 0, "num_candidates": 0,
+            "results": [], "timings_ms": dict.fromkeys(("decode", "encode", "candidates", "rerank", "total"), 0.0)}
+
+
+async def check_query_images(images: list[bytes], max_pixels: int) -> None:
+    """Decode each query image once (no encoder, no index: the check a search of an empty collection still
+    makes, so a non-image upload is a 400 whatever the collection holds).
+
+    Raises:
+        ImageDecodeError: an image does not decode or is over ``max_pixels`` (with several, the message names
+            which: "image 2: ...").
+    """
+    from regis.errors import ImageDecodeError
+    from regis.images.decode import decode_image
+
+    def work() -> None:
+        for n, data in enumerate(images):
+            try:
+                decode_image(data, max_pixels=max_pixels, draft_size=64)
+            except ImageDecodeError as exc:
+                raise type(exc)(f"image {n + 1}: {exc}" if len(images) > 1 else str(exc)) from None
+
+    await run_in_threadpool(work)

@@ -9,10 +9,10 @@ from starlette.concurrency import run_in_threadpool
 
 from regis.api.schemas import BatchSearchResponse, ErrorResponse
 from regis.retrieve.query import QueryEngine
-from service.deps import get_engine, get_settings, search_extras
+from service.deps import get_engine_or_empty, get_settings, search_extras
 from service.errors import APIError
 from service.routes.search import read_upload
-from service.searching import run_search_batch
+from service.searching import check_query_images, empty_search, run_search_batch
 from service.settings import Settings
 
 router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{collection} (service.app)
@@ -23,7 +23,7 @@ router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{colle
 async def search_batch(
     request: Request,
     files: Annotated[list[UploadFile], File(description="query images, one result list each, in order")],
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
     extras: Annotated[dict, Depends(search_extras)],
     k: Annotated[int | None, Query(ge=1, le=1000, description="results per query")] = None,
@@ -35,7 +35,9 @@ async def search_batch(
 ) -> dict:
     """Rank the indexed images for each uploaded image: one encoder pass and one batched candidate search for
     all of them (the same results as one request per image). At most REGIS_MAX_UPLOAD_FILES images. With
-    ``explain=true`` each image is searched and explained as by ``POST /search?explain=true``."""
+    ``explain=true`` each image is searched and explained as by ``POST /search?explain=true``. A collection with
+    no published version yet answers one empty result list per image (each image still decoded: a non-image is
+    a 400)."""
     k = k or settings.default_k
     depth = depth or settings.default_depth
     if k > settings.max_k:
@@ -45,6 +47,9 @@ async def search_batch(
     if len(files) > settings.max_upload_files:
         raise APIError(413, "too_many_files", f"at most {settings.max_upload_files} query images per request")
     images = [await read_upload(f, settings.max_upload_bytes) for f in files]
+    if engine is None:
+        await check_query_images(images, settings.max_pixels)
+        return {"results": [empty_search(k, depth, mode) for _ in images]}
     if explain:
         results = await run_in_threadpool(_explained_one_by_one, engine, images, k=k, depth=depth, mode=mode,
                                           **extras)

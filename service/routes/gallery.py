@@ -13,13 +13,13 @@ from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue
 from regis.retrieve.query import QueryEngine
 from service import thumbnails, uploads
-from service.deps import get_engine, get_jobs, get_live, get_settings, search_extras
+from service.deps import get_engine_or_empty, get_jobs, get_live, get_settings, search_extras
 from service.errors import APIError
 from service.jobs import await_job
 from service.live import LiveIndex
 from service.params import ImageId
 from service.routes.images import image_path
-from service.searching import run_search_id
+from service.searching import EMPTY_VERSION, run_search_id
 from service.settings import Settings
 
 router = APIRouter(prefix="/images", tags=["images"])  # under /v1 and /v1/collections/{collection}
@@ -28,21 +28,25 @@ _ERRORS = {code: {"model": ErrorResponse} for code in (403, 404, 409, 422, 503)}
 
 @router.get("", response_model=ImageList, responses=_ERRORS)
 async def list_images(
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     extras: Annotated[dict, Depends(search_extras)],
     limit: Annotated[int, Query(ge=1, le=1000, description="images per page")] = 100,
 ) -> dict:
     """The indexed images in id order, ``limit`` per page from ``offset``, optionally filtered by metadata
-    (``filter``: the search filter language). ``total`` counts every image matching the filter."""
+    (``filter``: the search filter language). ``total`` counts every image matching the filter. A collection
+    with no published version yet lists nothing (``index_version`` 0); a filter on it is checked for form only
+    (no field is known yet, so none is an unknown field)."""
     from regis.indexes.filters import check_fields, compile_filter
 
     if "score_threshold" in extras:
         raise APIError(422, "unknown_parameter", "score_threshold applies to searches only")
     where, params = compile_filter(extras["where"]) if "where" in extras else (None, [])
+    offset = extras.get("offset", 0)
+    if engine is None:
+        return {"index_version": EMPTY_VERSION, "total": 0, "offset": offset, "limit": limit, "images": []}
     snapshot = engine.snapshot
     if where is not None:
         await run_in_threadpool(check_fields, snapshot.table, extras["where"])
-    offset = extras.get("offset", 0)
     records, total = await run_in_threadpool(snapshot.table.select_where, where, params, limit, offset)
     return {"index_version": snapshot.version, "total": total, "offset": offset, "limit": limit,
             "images": [rec.__dict__ for rec in records]}
@@ -54,7 +58,7 @@ async def similar_images(
     request: Request,
     response: Response,
     image_id: ImageId,
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
     extras: Annotated[dict, Depends(search_extras)],
     k: Annotated[int | None, Query(ge=1, le=1000, description="results to return")] = None,
@@ -65,13 +69,17 @@ async def similar_images(
 ) -> dict:
     """"More like this": search with the stored tokens of an indexed image (no upload, no encoding). The image
     itself comes first (score = its self-similarity). The query is the image's T stored tokens, not the m tokens
-    an upload gets under the index's ``query_layout``, so scores are on another scale than a search by upload."""
+    an upload gets under the index's ``query_layout``, so scores are on another scale than a search by upload.
+    On a collection with no published version yet every id is a 404 ``image_not_found``."""
     k = k or settings.default_k
     if k > settings.max_k:
         raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
     depth = depth or settings.default_depth
     if depth is not None and depth > settings.max_depth:
         raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    if engine is None:
+        raise APIError(404, "image_not_found", f"no image with id {image_id}: the collection has no index version "
+                                               "yet")
     from regis.retrieve.explain import similar_explained
 
     return await run_search_id(request, engine, image_id, search=similar_explained if explain else None, k=k,
@@ -84,7 +92,7 @@ async def patch_metadata(
     image_id: ImageId,
     response: Response,
     queue: Annotated[JobQueue, Depends(get_jobs)],
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
     live: Annotated[LiveIndex, Depends(get_live)],
     metadata: Annotated[dict, Body(embed=True, description="JSON merge patch of the image's metadata: keys "
@@ -96,9 +104,9 @@ async def patch_metadata(
     regis can store and filter on: finite numbers, 64-bit integers, valid Unicode, at most 32 levels and 64 KiB
     (else 422 ``invalid_metadata`` with the ``path`` of the bad value; nothing is written)."""
     uploads.check_metadata(metadata)
-    if await run_in_threadpool(engine.snapshot.table.get, image_id) is None:  # (a remote shard: off the loop)
+    if engine is None or await run_in_threadpool(engine.snapshot.table.get, image_id) is None:  # (a remote shard: off the loop)
         raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
-                                               f"{engine.snapshot.version}")
+                                               f"{engine.snapshot.version if engine else EMPTY_VERSION}")
     spec = JobSpec(kind="metadata", ids=[image_id], metadata=metadata, replace_metadata=replace)
     info = await run_in_threadpool(queue.submit, spec)
     if wait and settings.write_wait_s > 0:
@@ -118,7 +126,7 @@ async def patch_metadata(
 async def thumbnail(
     request: Request,
     image_id: ImageId,
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
     size: Annotated[int, Query(ge=16, le=1024, description="longest side, pixels, rounded up to one of 64, 128, "
                                                            "256, 512, 1024")] = 256,
@@ -128,7 +136,8 @@ async def thumbnail(
     made once and cached on disk by content within REGIS_THUMBNAIL_CACHE_BYTES (least recently used go first;
     an image's thumbnails go with it); ``ETag`` and ``Cache-Control`` let browsers keep it (``If-None-Match``
     -> 304)."""
-    rec = await run_in_threadpool(engine.snapshot.table.get, image_id)  # a table read (or a remote shard call)
+    rec = None if engine is None else await run_in_threadpool(engine.snapshot.table.get, image_id)  # (a table read
+    # or a remote shard call)
     if rec is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id}")
     size = thumbnails.cache_size(size)

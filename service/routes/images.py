@@ -18,7 +18,7 @@ from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue, new_job_id
 from regis.retrieve.query import QueryEngine
 from service import uploads
-from service.deps import check_collection_exists, get_engine, get_jobs, get_live, get_settings
+from service.deps import check_collection_exists, get_engine_or_empty, get_jobs, get_live, get_settings
 from service.errors import APIError
 from service.jobs import await_job
 from service.live import LiveIndex
@@ -29,7 +29,15 @@ from service.settings import Settings
 router = APIRouter(prefix="/images", tags=["images"])  # under /v1 and /v1/collections/{collection}
 
 
-def _record(engine: QueryEngine, image_id: int):
+def _record(engine: QueryEngine | None, image_id: int):
+    """(snapshot, row) of an indexed image.
+
+    Raises:
+        APIError: 404 ``image_not_found`` (not in the version served, or the collection has none yet).
+    """
+    if engine is None:
+        raise APIError(404, "image_not_found", f"no image with id {image_id}: the collection has no index version "
+                                               "yet")
     snapshot = engine.snapshot
     rec = snapshot.table.get(image_id)
     if rec is None:
@@ -38,7 +46,7 @@ def _record(engine: QueryEngine, image_id: int):
 
 
 @router.get("/{image_id}", response_model=ImageInfo, responses={404: {"model": ErrorResponse}})
-def image_info(image_id: ImageId, engine: Annotated[QueryEngine, Depends(get_engine)]) -> dict:
+def image_info(image_id: ImageId, engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)]) -> dict:
     """The table row of an indexed image."""
     snapshot, rec = _record(engine, image_id)
     return {**rec.__dict__, "index_version": snapshot.version}
@@ -47,7 +55,7 @@ def image_info(image_id: ImageId, engine: Annotated[QueryEngine, Depends(get_eng
 @router.get("/{image_id}/file", responses={404: {"model": ErrorResponse}, 200: {"content": {"image/*": {}}}})
 def image_file(
     image_id: ImageId,
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> FileResponse:
     """The bytes of an indexed image, read from the indexed folder."""
@@ -55,7 +63,7 @@ def image_file(
     return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
 
 
-def image_path(engine: QueryEngine, settings: Settings, image_id: int) -> Path:
+def image_path(engine: QueryEngine | None, settings: Settings, image_id: int) -> Path:
     """Where the file of an indexed image is (the uploads folder, or the indexed folder).
 
     Raises:
@@ -143,7 +151,7 @@ async def delete_image(
     image_id: ImageId,
     response: Response,
     queue: Annotated[JobQueue, Depends(get_jobs)],
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
     live: Annotated[LiveIndex, Depends(get_live)],
     wait: Annotated[bool, Query(description="wait for the index job (up to REGIS_WRITE_WAIT_S)")] = True,

@@ -9,9 +9,9 @@ from starlette.concurrency import run_in_threadpool
 
 from regis.api.schemas import ErrorResponse, SearchResponse
 from regis.retrieve.query import QueryEngine
-from service.deps import get_engine, get_settings, search_extras
+from service.deps import get_engine_or_empty, get_settings, search_extras
 from service.errors import APIError
-from service.searching import run_search
+from service.searching import check_query_images, empty_search, run_search
 from service.settings import Settings
 
 router = APIRouter(tags=["search"])  # mounted at /v1 and /v1/collections/{collection} (service.app)
@@ -34,7 +34,7 @@ async def search(
     request: Request,
     response: Response,
     file: Annotated[UploadFile, File(description="the query image (JPEG, PNG, WebP, BMP, TIFF, GIF)")],
-    engine: Annotated[QueryEngine, Depends(get_engine)],
+    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
     k: Annotated[int | None, Query(ge=1, le=1000, description="results to return")] = None,
     depth: Annotated[
@@ -47,7 +47,9 @@ async def search(
                                                "shard explains it")] = False,
     extras: Annotated[dict, Depends(search_extras)] = None,
 ) -> dict:
-    """Rank the indexed images by MaxSim similarity to the uploaded image (with ``explain=true``: and say why)."""
+    """Rank the indexed images by MaxSim similarity to the uploaded image (with ``explain=true``: and say why).
+    A collection with no published version yet answers 200 with no results (``index_version`` 0, timings 0);
+    the upload is still decoded once, so a non-image is a 400 there too."""
     k = k or settings.default_k
     depth = depth or settings.default_depth
     if k > settings.max_k:
@@ -60,6 +62,9 @@ async def search(
             413, "payload_too_large", f"upload is larger than the limit of {settings.max_upload_bytes:,} bytes"
         )
     data = await read_upload(file, settings.max_upload_bytes)
+    if engine is None:
+        await check_query_images([data], settings.max_pixels)
+        return empty_search(k, depth, mode)
     if explain:
         from regis.retrieve.explain import search_explained
 
