@@ -101,6 +101,30 @@ def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192) -> fl
     return time.perf_counter() - t0
 
 
+def sweep(snap, q: np.ndarray, gt: np.ndarray, k: int, spec: str) -> list[dict]:
+    """``--sweep "nprobe:depth[:refine],..."``: recall@10 and warm one-thread p50 / p99 (ms) of the same queries
+    with each search setting (nprobe and depth passed per call; refine: a ``Searcher`` re-scoring refine x k
+    candidates on float16, default the manifest's); the index's manifest is not changed."""
+    from regis.retrieve.searcher import Searcher
+
+    out = []
+    for item in spec.split(","):
+        nprobe, depth, *rest = (int(v) for v in item.split(":"))
+        searcher = Searcher(snap, refine=rest[0] if rest else None)
+        lat, found, cands = [], np.full((len(q), k), -1, np.int64), []
+        for i in range(len(q)):
+            t1 = time.perf_counter()
+            r = searcher.search(q[i], k=k, nprobe=nprobe, depth=depth)
+            lat.append(time.perf_counter() - t1)
+            found[i, : len(r.ids)] = r.ids
+            cands.append(r.num_candidates)
+        st = latency_stats(lat)
+        out.append({"nprobe": nprobe, "depth": depth, "refine": searcher.refine, "recall@10": recall_at_k(found, gt, k),
+                    "candidates": float(np.mean(cands)), "p50_ms": st["p50_ms"], "p99_ms": st["p99_ms"]})
+        print("sweep:", json.dumps(out[-1]), file=sys.stderr, flush=True)
+    return out
+
+
 def measure(args) -> dict:
     """The child process: one size, one index (see module docstring, step 3)."""
     import faiss
@@ -142,6 +166,8 @@ def measure(args) -> dict:
         row["recall@10"] = recall_at_k(found, gt, k)
         row["candidates"] = float(np.mean(cands))
     after_q = proc_memory()
+    if args.sweep:
+        row["sweep"] = sweep(snap, q, gt, k, args.sweep)
     cores = os.cpu_count() or 1
     searcher_all = Searcher(snap, batch_threads=cores)
     torch.set_num_threads(cores)
@@ -199,7 +225,8 @@ def parent(args) -> list[dict]:
             continue
         cmd = [sys.executable, "-m", "bench.million", "--source", str(args.source), "--one", str(n),
                "--slice", args.slice, "--queries", str(args.queries), "--k", str(args.k), "--index", str(path),
-               "--gt", str(gt_path), "--exact-queries", str(args.exact_queries)]
+               "--gt", str(gt_path), "--exact-queries", str(args.exact_queries),
+               *(["--sweep", args.sweep] if args.sweep else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], flush=True)
@@ -281,6 +308,8 @@ def main() -> None:
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--build-only", action="store_true",
                    help="ground truth and index builds only (so a timed run under a lock measures, not builds)")
+    p.add_argument("--sweep", default=None,
+                   help='also "nprobe:depth[:refine],..." on the warm index: recall@10, p50, p99 of each')
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--rows", default=None, help="comma list of --json files: print and plot their rows only")
