@@ -282,7 +282,7 @@ def build_index(
         t0 = time.perf_counter()
         report.images_per_s = report.embedded_now / report.embed_s if report.embed_s > 0 else 0.0
         report.total_s = time.perf_counter() - t_total
-        manifest = writer.commit({**report.to_json(), **job_record(options.job_id)})
+        manifest = writer.commit({**report.to_json(), **job_record(options.job_id, index_path)})
         report.write_s = time.perf_counter() - t0
         report.version = manifest.version if manifest else None
         if staging is not None:

@@ -1,13 +1,16 @@
-"""Which job published the live version. A job's write saves the job id in the report of the version it
+"""Which job published a live or recent version. A job's write saves the job id in the report of the version it
 publishes (``build_report.json``, key ``job``, written before the version goes live), beside that write's own
-report (``BuildReport``, ``AddReport``, ``DeleteReport``, or a metadata change's result). A run of the same job
-after its acknowledgement was lost (RQ runs a job again when the worker could not report it done, e.g. Redis
-went away right after the publish) then reports what the first run did, from that saved report, marked
-``"replayed": true``, instead of "added 0": the work is in the index, done by this very job.
+report (``BuildReport``, ``AddReport``, ``DeleteReport``, or a metadata change's result), and carries the last
+``MAX_RECENT_JOBS`` jobs' ids, versions and reports forward from the version it replaces (key ``recent_jobs``,
+newest first). A run of the same job after its acknowledgement was lost (RQ runs a job again when the worker
+could not report it done, e.g. Redis went away right after the publish) then reports what the first run did, from
+that saved report, marked ``"replayed": true``, instead of "added 0" or "deleted: false": the work is in the
+index, done by this very job, even when other jobs have published since (the Redis soak of 2026-11-27: a delete
+run again after two more versions answered ``deleted: false`` for the image it had itself removed; DEPLOY.md).
 
-Only the live version is looked at: when another job has published since, a re-run does the job again (every
-write is idempotent: images already indexed are found unchanged, deleted ids are missing) and reports that.
-Indexes written before the record existed have none and behave the same way.
+A write that is not a queued job (the CLI) carries no history, so a job run again after one runs again (every
+write is idempotent: images already indexed are found unchanged, deleted ids are missing) and reports that, as do
+jobs older than the last ``MAX_RECENT_JOBS`` and indexes written before the record existed.
 """
 
 from __future__ import annotations
@@ -20,10 +23,34 @@ from regis.indexes.layout import REPORT_FILE, VERSIONS_DIR, read_current, versio
 JOB_KEY = "job"
 
 
-def job_record(job_id: str | None) -> dict:
-    """The report field that records job ``job_id`` with the version its write publishes; {} for a write that
-    is not a queued job (``job_id`` None)."""
-    return {JOB_KEY: {"id": job_id}} if job_id else {}
+RECENT_KEY = "recent_jobs"
+MAX_RECENT_JOBS = 32  # jobs whose re-run is recognised after other jobs published (RQ re-runs within minutes)
+
+
+def job_record(job_id: str | None, index_dir: Path | str | None = None) -> dict:
+    """The report fields that record job ``job_id`` with the version its write publishes, and (``index_dir``
+    given: the index or collection being written, read under its write lock) the recent jobs of the version it
+    replaces; {} for a write that is not a queued job (``job_id`` None)."""
+    if not job_id:
+        return {}
+    record = {JOB_KEY: {"id": job_id}}
+    if index_dir is not None and Path(index_dir).is_dir():
+        record[RECENT_KEY] = _history(*_live_reports(Path(index_dir)))
+    return record
+
+
+def _history(version: int, reports: list[dict]) -> list[dict]:
+    """{"id", "version", "report"} of the live version's own job(s) and of their recent jobs, newest first, each
+    job once, at most ``MAX_RECENT_JOBS``."""
+    out, seen = [], set()
+    own = [{"id": r[JOB_KEY]["id"], "version": version,
+            "report": {k: v for k, v in r.items() if k not in (JOB_KEY, RECENT_KEY)}}
+           for r in reports if (r.get(JOB_KEY) or {}).get("id")]
+    for entry in own + [e for r in reports for e in r.get(RECENT_KEY) or []]:
+        if isinstance(entry, dict) and entry.get("id") and entry["id"] not in seen:
+            seen.add(entry["id"])
+            out.append(entry)
+    return out[:MAX_RECENT_JOBS]
 
 
 def _read_report(version_dir: Path) -> dict:
@@ -47,14 +74,15 @@ def _live_reports(index_dir: Path) -> tuple[int, list[dict]]:
 
 
 def published_report(index_dir: Path | str, job_id: str | None) -> tuple[int, dict] | None:
-    """(live version, saved report) when job ``job_id`` published the live version (for a sharded collection:
-    its collection version and the report of a shard the job changed); None when it did not (another job
-    published since, no record, no index yet) or ``job_id`` is None."""
+    """(version, saved report) when job ``job_id`` published the live version (for a sharded collection: its
+    collection version and the report of a shard the job changed) or one of the versions the live one's recent
+    jobs record; None when it did not (no record, older than the recent jobs, no index yet) or ``job_id`` is
+    None."""
     index_dir = Path(index_dir)
     if not job_id or not index_dir.is_dir():
         return None
     version, reports = _live_reports(index_dir)
-    for report in reports:
-        if (report.get(JOB_KEY) or {}).get("id") == job_id:
-            return version, report
+    for entry in _history(version, reports):
+        if entry["id"] == job_id:
+            return int(entry["version"]), entry["report"]
     return None

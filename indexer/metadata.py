@@ -157,5 +157,5 @@ def update_metadata(index_dir: Path | str, image_id: int, patch: dict, replace: 
             w.update_records([ImageRecord(rec.id, rec.path, rec.sha256, rec.width, rec.height, rec.bytes,
                                           rec.mtime, meta)])
         result = {"id": image_id, "found": True, "metadata": meta}
-        committed = w.commit({"result": result, **job_record(job_id)} if job_id else None)
+        committed = w.commit({"result": result, **job_record(job_id, index_dir)} if job_id else None)
     return {"version": committed.version if committed else None, **result}

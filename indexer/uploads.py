@@ -157,7 +157,7 @@ def add_images(
             first = entries[item["path"]]
             item.update({k: v for k, v in first.items() if k in ("id", "status", "reason")})
         w.update_records(touched)
-        manifest = w.commit({**report.to_json(), **job_record(options.job_id)} if options.job_id else None)
+        manifest = w.commit({**report.to_json(), **job_record(options.job_id, index_dir)} if options.job_id else None)
         report.version = manifest.version if manifest else None
     report.total_s = time.perf_counter() - t0
     return report
@@ -189,7 +189,7 @@ def delete_images(
             report.missing = [i for i in wanted if not w.is_live(i)]
             records = w.table.get_many(report.deleted)
             w.delete(report.deleted)
-            committed = w.commit({**report.to_json(), **job_record(job_id)} if job_id else None)
+            committed = w.commit({**report.to_json(), **job_record(job_id, index_dir)} if job_id else None)
             report.version = committed.version if committed else None
         crash_point("delete.committed")
         for rec in records.values():  # still under the uploads lock: no upload of the same bytes in between

@@ -104,7 +104,8 @@ async def patch_metadata(
     regis can store and filter on: finite numbers, 64-bit integers, valid Unicode, at most 32 levels and 64 KiB
     (else 422 ``invalid_metadata`` with the ``path`` of the bad value; nothing is written)."""
     uploads.check_metadata(metadata)
-    if engine is None or await run_in_threadpool(engine.snapshot.table.get, image_id) is None:  # (a remote shard: off the loop)
+    # (a remote shard: off the loop)
+    if engine is None or await run_in_threadpool(engine.snapshot.table.get, image_id) is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
                                                f"{engine.snapshot.version if engine else EMPTY_VERSION}")
     spec = JobSpec(kind="metadata", ids=[image_id], metadata=metadata, replace_metadata=replace)
