@@ -106,6 +106,19 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     return hits / (k * len(truth))
 
 
+def timed_searches(searcher, queries: np.ndarray, k: int, **params) -> tuple[list[float], np.ndarray, list[int]]:
+    """One ``searcher.search(query, k=k, **params)`` per query of ``queries`` ((Q, m, D) float32), timed:
+    (latencies in seconds, (Q, k) int64 ids with -1 where fewer than k came back, candidates scored per query)."""
+    lat, found, cands = [], np.full((len(queries), k), -1, np.int64), []
+    for i in range(len(queries)):
+        t0 = time.perf_counter()
+        r = searcher.search(queries[i], k=k, **params)
+        lat.append(time.perf_counter() - t0)
+        found[i, : len(r.ids)] = r.ids
+        cands.append(r.num_candidates)
+    return lat, found, cands
+
+
 def latency_stats(seconds: list[float]) -> dict:
     """p50 / p99 / mean in milliseconds of per-query latencies given in seconds."""
     ms = np.asarray(seconds) * 1e3

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, recall_at_k
+from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, recall_at_k, timed_searches
 
 
 def proc_memory() -> dict:
@@ -111,13 +111,7 @@ def sweep(snap, q: np.ndarray, gt: np.ndarray, k: int, spec: str) -> list[dict]:
     for item in spec.split(","):
         nprobe, depth, *rest = (int(v) for v in item.split(":"))
         searcher = Searcher(snap, refine=rest[0] if rest else None)
-        lat, found, cands = [], np.full((len(q), k), -1, np.int64), []
-        for i in range(len(q)):
-            t1 = time.perf_counter()
-            r = searcher.search(q[i], k=k, nprobe=nprobe, depth=depth)
-            lat.append(time.perf_counter() - t1)
-            found[i, : len(r.ids)] = r.ids
-            cands.append(r.num_candidates)
+        lat, found, cands = timed_searches(searcher, q, k, nprobe=nprobe, depth=depth)
         st = latency_stats(lat)
         out.append({"nprobe": nprobe, "depth": depth, "refine": searcher.refine, "recall@10": recall_at_k(found, gt, k),
                     "candidates": float(np.mean(cands)), "p50_ms": st["p50_ms"], "p99_ms": st["p99_ms"]})
@@ -153,13 +147,7 @@ def measure(args) -> dict:
     for phase in ("cold", "warm"):
         if phase == "cold":
             evict(seg_files)
-        lat, found, cands = [], np.full((len(q), k), -1, np.int64), []
-        for i in range(len(q)):
-            t1 = time.perf_counter()
-            r = searcher.search(q[i], k=k)
-            lat.append(time.perf_counter() - t1)
-            found[i, : len(r.ids)] = r.ids
-            cands.append(r.num_candidates)
+        lat, found, cands = timed_searches(searcher, q, k)
         st = latency_stats(lat)
         row[f"p50_ms_{phase}"], row[f"p99_ms_{phase}"] = st["p50_ms"], st["p99_ms"]
         row[f"qps_1thread_{phase}"] = len(q) / sum(lat)

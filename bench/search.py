@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, latency_stats, print_machine, recall_at_k
+from bench.common import DATA_DIR, latency_stats, print_machine, recall_at_k, timed_searches
 
 
 def _ints(s: str) -> list[int]:
@@ -38,15 +38,9 @@ def run_point(searcher, q: np.ndarray, gt: np.ndarray, k: int, depth: int | None
     """Measure one (depth, nprobe) point: single-query latencies, batched QPS, recall@k, mean candidates."""
     found = np.full((len(q), k), -1, dtype=np.int64)
     lat = []
-    cands = []
     if single:
         searcher.search(q[0], k=k, depth=depth, nprobe=nprobe)  # warm-up
-        for i in range(len(q)):
-            t0 = time.perf_counter()
-            r = searcher.search(q[i], k=k, depth=depth, nprobe=nprobe)
-            lat.append(time.perf_counter() - t0)
-            found[i, : len(r.ids)] = r.ids
-            cands.append(r.num_candidates)
+        lat, found, _ = timed_searches(searcher, q, k, depth=depth, nprobe=nprobe)
     t0 = time.perf_counter()
     batched = []
     for start in range(0, len(q), batch):
@@ -127,11 +121,7 @@ def main() -> None:
                 rows.append(row)
                 print("row:", json.dumps(row), flush=True)
         if args.exact:
-            lat = []
-            for i in range(min(len(q), 50)):
-                t0 = time.perf_counter()
-                searcher.search(q[i], k=args.k, mode="exact")
-                lat.append(time.perf_counter() - t0)
+            lat, _, _ = timed_searches(searcher, q[:50], args.k, mode="exact")
             row = {"system": "regis exact mode", "spec": "-", "token_store": "float16", "nprobe": "-",
                    "depth": "-", "recall@10": 1.0, **latency_stats(lat), "single_qps": len(lat) / sum(lat)}
             rows.append(row)
