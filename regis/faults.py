@@ -33,6 +33,10 @@ Pause points:
     ``worker.maintenance-locked`` worker: as the crash point of that name (a test kills Redis in the window).
     ``snapshot.state-read``      snapshot: the published state is read, its files not yet linked (writes that
                                  go on may collect them: the snapshot starts over from the newer state).
+    ``engine.version-unopened``  API: a request found its collection's published version not opened yet (CURRENT
+                                 names one, the live index holds none), not yet opened (a delete may come between).
+    ``thumbnail.source-found``   API: a thumbnail's source file is found on disk, not yet read (a delete of the
+                                 image may remove it between).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Path, Query, Request
 
+from regis.faults import pause_point
 from regis.indexes.collections import NAME_PATTERN
 from regis.jobs.cache import QueryCache
 from regis.jobs.queue import JobQueue
@@ -14,6 +15,8 @@ from service.errors import APIError
 from service.live import LiveIndex
 from service.metrics import Metrics
 from service.settings import Settings
+
+_OPEN_TRIES = 3  # opens of a published version a request tries before 503 (each after a fresh look at CURRENT)
 
 
 def get_settings(request: Request) -> Settings:
@@ -84,9 +87,12 @@ def get_engine_or_empty(request: Request) -> QueryEngine | None:
     Raises:
         APIError: 404 ``no_default_collection`` on a default route when the service's collections root has no
             default collection (no config and no index under its name; the message and ``collections`` name those
-            that can be searched); 404 ``collection_not_found`` for a collection deleted meanwhile; 503
-            ``index_unavailable`` when a published version cannot be opened (the message says why), for a sharded
-            collection without a served version, or for an app created without an index (``load=False``).
+            that can be searched); 404 ``collection_not_found`` for a collection deleted meanwhile, also when it
+            is deleted while its version is being opened (before, 503: found by scripts/soak.py); 503
+            ``index_unavailable`` when a published version of a collection that still exists cannot be opened
+            (``_OPEN_TRIES`` looks at CURRENT; the message says why), for a sharded collection without a served
+            version, or for an app created without an index (``load=False``). A collection deleted and created
+            again while its version was being opened has none: None (empty), as above.
     """
     live = get_live(request)
     engine = live.engine if live is not None else getattr(request.app.state, "engine", None)
@@ -98,14 +104,19 @@ def get_engine_or_empty(request: Request) -> QueryEngine | None:
         raise registry.no_default_error()
     if live is None:
         raise APIError(503, "index_unavailable", "no index version is loaded")
-    if not live.published():
-        check_collection_exists(request)  # deleted meanwhile (a tombstone has no CURRENT either): 404, not empty
-        return None
-    live.refresh()  # CURRENT names a version the watcher has not swapped in yet (or one that cannot be opened)
-    if live.engine is None:
-        why = f": {live.last_error}" if live.last_error else ""
-        raise APIError(503, "index_unavailable", f"the published index version cannot be opened{why}")
-    return live.engine
+    for _ in range(_OPEN_TRIES):
+        if not live.published():
+            check_collection_exists(request)  # deleted meanwhile (a tombstone has no CURRENT either): 404, not empty
+            return None
+        pause_point("engine.version-unopened")
+        live.refresh()  # CURRENT names a version the watcher has not swapped in yet (or one that cannot be opened)
+        if live.engine is not None:
+            return live.engine
+        # the open failed: the collection may have been deleted (or deleted and created again, empty) under it, or
+        # a newer version published and the one read removed; look again before calling the version unreadable
+        check_collection_exists(request)
+    why = f": {live.last_error}" if live.last_error else ""
+    raise APIError(503, "index_unavailable", f"the published index version cannot be opened{why}")
 
 
 def get_engine(request: Request) -> QueryEngine:

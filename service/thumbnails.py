@@ -9,6 +9,7 @@ import io
 import threading
 from pathlib import Path
 
+from regis.errors import ImageDecodeError
 from regis.images.decode import decode_image
 from regis.indexes.thumbnails import CACHE_DIR, SIZES, ThumbnailCache, cache_path, cache_size
 
@@ -37,13 +38,20 @@ def thumbnail(source: Path, sha256: str, size: int, fmt: str, cache: ThumbnailCa
     and cached.
 
     Raises:
-        ImageDecodeError: the source no longer decodes.
+        FileNotFoundError: the source is gone (its image deleted since it was looked up: the route answers 404).
+        ImageDecodeError: the source no longer decodes, or cannot be read.
     """
     cached = cache_path(cache.folder, sha256, size, fmt)
     data = cache.get(cached)
     if data is not None:
         return data
-    image = decode_image(source, max_pixels=max_pixels, draft_size=size).image
+    try:  # read here, not in decode_image: a file deleted under the request is not a bad image (400)
+        raw = Path(source).read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ImageDecodeError(f"cannot read file: {exc.strerror or type(exc).__name__}") from exc
+    image = decode_image(raw, max_pixels=max_pixels, draft_size=size).image
     image.thumbnail((size, size))
     buf = io.BytesIO()
     image.save(buf, format="JPEG" if fmt == "jpeg" else "WEBP", quality=82)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from regis.api.schemas import ErrorResponse, ImageList, MetadataPatchResponse, SearchResponse
+from regis.faults import pause_point
 from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue
 from regis.retrieve.query import QueryEngine
@@ -146,8 +147,24 @@ async def thumbnail(
     headers = {"ETag": etag, "Cache-Control": thumbnails.CACHE_CONTROL}
     if etag in (request.headers.get("if-none-match") or ""):
         return Response(status_code=304, headers=headers)
-    source = await run_in_threadpool(image_path, engine, settings, image_id)
-    cache = thumbnails.cache_for(settings.index_dir, settings.thumbnail_cache_bytes)
-    data = await run_in_threadpool(thumbnails.thumbnail, source, rec.sha256, size, format, cache,
-                                   settings.max_pixels)
+    data = await run_in_threadpool(_thumbnail_bytes, engine, settings, image_id, rec.sha256, size, format)
     return Response(data, media_type=f"image/{format}", headers=headers)
+
+
+def _thumbnail_bytes(engine: QueryEngine, settings: Settings, image_id: int, sha256: str, size: int,
+                     fmt: str) -> bytes:
+    """The thumbnail of an indexed image (``service.thumbnails.thumbnail``), made from its file.
+
+    Raises:
+        APIError: 404 ``file_unavailable`` when the file is not on disk, also when a delete of the image removed it
+            after it was found here (before, the read failed as a bad image, 400 ``invalid_image``: found by
+            scripts/soak.py); as ``image_path``.
+        ImageDecodeError: the file does not decode.
+    """
+    source = image_path(engine, settings, image_id)
+    pause_point("thumbnail.source-found")
+    cache = thumbnails.cache_for(settings.index_dir, settings.thumbnail_cache_bytes)
+    try:
+        return thumbnails.thumbnail(source, sha256, size, fmt, cache, settings.max_pixels)
+    except FileNotFoundError:
+        raise APIError(404, "file_unavailable", f"image {image_id} is no longer on disk (deleted meanwhile)") from None

@@ -6,6 +6,7 @@ ever removed. Each test failed on the code before."""
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -83,3 +84,34 @@ def test_an_image_s_thumbnails_go_with_it(service):
         assert c.delete(f"/v1/images/{gone}").json()["deleted"] is True
         left = _files(c.cache)
         assert len(left) == 2 and not any(p.name.startswith(sha) for p in left)
+
+
+def test_a_thumbnail_whose_image_is_deleted_under_it_is_404_not_a_bad_image(service, tmp_path, monkeypatch):
+    """Found by scripts/soak.py (embedded mode, 2 of ~1,500 thumbnails, on 6238282): a thumbnail request found the
+    image's uploaded file, then a delete of the image removed it before it was read, and the failed read was
+    answered as a bad image (400 ``invalid_image``). The request is held at the named point
+    ``thumbnail.source-found`` while the image is deleted; it must answer 404, as one sent after the delete."""
+    from deploy.support import wait_until
+
+    from regis.faults import PAUSE_ENV, RELEASE_ENV
+
+    release = tmp_path / "release"
+    with service() as c:
+        image_id = c.post("/v1/images", files={"files": ("a.png", _noise(3))}).json()["images"][0]["id"]
+        monkeypatch.setenv(PAUSE_ENV, "thumbnail.source-found")
+        monkeypatch.setenv(RELEASE_ENV, str(release))
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(
+            r=c.get(f"/v1/images/{image_id}/thumbnail", params={"size": 64})))
+        t.start()
+        try:
+            wait_until(lambda: (tmp_path / "release.reached").exists(), 60, 0.02, "the thumbnail's pause point")
+            r = c.delete(f"/v1/images/{image_id}")
+            assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+        finally:
+            release.touch()
+            t.join(60)
+        r = answer["r"]
+        assert r.status_code == 404 and r.json()["error"]["code"] == "file_unavailable", r.text
+        assert c.get(f"/v1/images/{image_id}/thumbnail", params={"size": 64}).status_code == 404
+        assert _files(c.cache) == []  # nothing made from the gone file
