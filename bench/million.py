@@ -102,18 +102,21 @@ def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192) -> fl
 
 
 def sweep(snap, q: np.ndarray, gt: np.ndarray, k: int, spec: str) -> list[dict]:
-    """``--sweep "nprobe:depth[:refine],..."``: recall@10 and warm one-thread p50 / p99 (ms) of the same queries
-    with each search setting (nprobe and depth passed per call; refine: a ``Searcher`` re-scoring refine x k
-    candidates on float16, default the manifest's); the index's manifest is not changed."""
+    """``--sweep "nprobe:depth[:refine[:share]],..."``: recall@10 and warm one-thread p50 / p99 (ms) of the same
+    queries with each search setting (nprobe and depth passed per call; refine and share: a ``Searcher``
+    re-scoring max(refine x k, share x candidates) on float16, default the manifest's); the index's manifest is
+    not changed."""
     from regis.retrieve.searcher import Searcher
 
     out = []
     for item in spec.split(","):
-        nprobe, depth, *rest = (int(v) for v in item.split(":"))
-        searcher = Searcher(snap, refine=rest[0] if rest else None)
-        lat, found, cands = timed_searches(searcher, q, k, nprobe=nprobe, depth=depth)
+        nprobe, depth, *rest = item.split(":")
+        searcher = Searcher(snap, refine=int(rest[0]) if rest else None,
+                            refine_share=float(rest[1]) if len(rest) > 1 else None)
+        lat, found, cands = timed_searches(searcher, q, k, nprobe=int(nprobe), depth=int(depth))
         st = latency_stats(lat)
-        out.append({"nprobe": nprobe, "depth": depth, "refine": searcher.refine, "recall@10": recall_at_k(found, gt, k),
+        out.append({"nprobe": int(nprobe), "depth": int(depth), "refine": searcher.refine,
+                    "refine_share": searcher.refine_share, "recall@10": recall_at_k(found, gt, k),
                     "candidates": float(np.mean(cands)), "p50_ms": st["p50_ms"], "p99_ms": st["p99_ms"]})
         print("sweep:", json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
@@ -143,7 +146,8 @@ def measure(args) -> dict:
     seg_files = [path / "segments" / s.file for s in m.segments]
     k = args.k
     row = {"images": len(db), "spec": m.faiss.spec, "token_store": m.token_store.spec, "nprobe": m.faiss.nprobe,
-           "depth": m.faiss.depth, "dim": m.dim, "open_s": open_s}
+           "depth": m.faiss.depth, "dim": m.dim, "open_s": open_s, "refine": searcher.refine,
+           "refine_share": searcher.refine_share}
     for phase in ("cold", "warm"):
         if phase == "cold":
             evict(seg_files)
@@ -297,7 +301,7 @@ def main() -> None:
     p.add_argument("--build-only", action="store_true",
                    help="ground truth and index builds only (so a timed run under a lock measures, not builds)")
     p.add_argument("--sweep", default=None,
-                   help='also "nprobe:depth[:refine],..." on the warm index: recall@10, p50, p99 of each')
+                   help='also "nprobe:depth[:refine[:share]],..." on the warm index: recall@10, p50, p99 of each')
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--rows", default=None, help="comma list of --json files: print and plot their rows only")

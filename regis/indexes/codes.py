@@ -58,17 +58,23 @@ def new_codec(spec: str, dim: int):
 
 PQ_ALIAS = "pq"  # random rotation + PQ with D/4 bytes per token (slow to train: minutes at 100k images)
 DEFAULT_STORE = "SQ4"  # the token store of new indexes (``default_store``)
-DEFAULT_REFINE = 8  # new compressed stores: candidates re-scored on float16 = refine x k (``default_store``)
+DEFAULT_REFINE = 8  # new compressed stores: candidates re-scored on float16 >= refine x k (``default_store``)
+# ... and >= this share of the query's candidates (``default_store``): the rows follow the candidate count
+DEFAULT_REFINE_SHARE = 0.4
 
 
 def default_store(dim: int) -> str:
     """The token store regis gives a new index of ``dim``-d tokens: ``SQ4``, a 4-bit scalar quantiser (D / 2
     bytes per token, trained in seconds on any number of tokens), used to rank the candidates, whose best
-    ``refine x k`` are then re-scored exactly on the float16 segments (``regis.retrieve.searcher``; ``refine`` =
-    ``DEFAULT_REFINE`` = 8, recorded in the manifest). An index keeps the store it was written with (a float16
-    index written before stays float16). Refine 8 rather than 4: on clustered real-photo tokens (~120 close
-    images per photo, ``tests/perf/test_compact_store.py``) SQ4's ordering put some of the exact top 10 below the
-    40th candidate (recall@10 0.971), below the 80th none (1.000).
+    ``max(refine x k, refine_share x candidates)`` are then re-scored exactly on the float16 segments
+    (``regis.retrieve.searcher``; ``refine`` = ``DEFAULT_REFINE`` = 8 and ``refine_share`` =
+    ``DEFAULT_REFINE_SHARE`` = 0.4, recorded in the manifest). An index keeps the store and refine rule it was
+    written with (a float16 index written before stays float16). Refine 8 rather than 4: on clustered real-photo
+    tokens (~120 close images per photo, ``tests/perf/test_compact_store.py``) SQ4's ordering put some of the
+    exact top 10 below the 40th candidate (recall@10 0.971), below the 80th none (1.000). The share: at a million
+    images a query has ~860 candidates and SQ4's ordering of so many close images put some of the exact top 10
+    below the 80th (recall@10 0.967), below the 320th almost none (0.994; BENCHMARKS.md section 9); at 100k
+    (~190 candidates) 0.4 x candidates stays under 80, so smaller collections re-score what they did before.
 
     Why (BENCHMARKS.md section 9): at a million images of 256-d tokens the float16 tokens (5 KB per image) cannot
     stay resident within 4 KB per image, and need not: the re-scoring reads 80 rows per query from disk (``python

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regis.errors import IndexFormatError
 from regis.indexes.layout import MANIFEST_FILE
@@ -53,13 +53,17 @@ class TokenStoreInfo(BaseModel):
     Attributes:
         spec: "float16", or the FAISS codec spec of the compressed store ("SQ4", "PQ96", "OPQ96,PQ96", "SQ8", ...).
         code_size: bytes per token of the codes (None for float16).
-        refine: compressed store: the best ``refine x k`` candidates by their codes are re-scored exactly on the
-            float16 tokens (``regis.retrieve.searcher``); 4 in indexes written before it was recorded.
+        refine: compressed store: at least the best ``refine x k`` candidates by their codes are re-scored exactly
+            on the float16 tokens (``regis.retrieve.searcher``); 4 in indexes written before it was recorded.
+        refine_share: compressed store: and at least this share (0..1) of the query's candidates, so that the
+            re-scored rows follow the candidate count as the collection grows (``Searcher.refine_rows``); 0.0 in
+            indexes written before it was recorded (they re-score ``refine x k`` at every size).
     """
 
     spec: str = "float16"
     code_size: int | None = None
     refine: int = 4
+    refine_share: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class BuddyInfo(BaseModel):

@@ -534,8 +534,11 @@ class IndexWriter:
         token_codes.write_codec(codec, self.tmp_dir / token_codes.CODEC_FILE)
         np.save(self.tmp_dir / token_codes.CODES_FILE, codes)
         same = self.base is not None and self.base.token_store.spec == spec
-        refine = self.base.token_store.refine if same else token_codes.DEFAULT_REFINE
-        return TokenStoreInfo(spec=spec, code_size=cs, refine=refine)
+        if same:  # an existing index keeps its own refine rule
+            refine, share = self.base.token_store.refine, self.base.token_store.refine_share
+        else:
+            refine, share = token_codes.DEFAULT_REFINE, token_codes.DEFAULT_REFINE_SHARE
+        return TokenStoreInfo(spec=spec, code_size=cs, refine=refine, refine_share=share)
 
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()

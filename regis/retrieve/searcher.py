@@ -75,26 +75,33 @@ class Searcher:
             (``maxsim_gemm_np``; the torch-free query path of ``regis search``, which then imports no torch).
         exact_chunk: images scored per step in exact mode.
         use_codes: rerank on the compressed token store when the index has one (False: float16 only).
-        refine: compressed store: how many times k candidates are re-scored exactly on float16; 0 ranks on
+        refine: compressed store: at least refine x k candidates are re-scored exactly on float16; 0 ranks on
             the decoded codes alone (no float16 read; scores are then approximate); None: the manifest's
             (``TokenStoreInfo.refine``: 8 for new indexes, 4 for those written before it was recorded).
+        refine_share: compressed store: and at least this share (0..1) of the query's candidates
+            (``refine_rows``); None: the manifest's (``TokenStoreInfo.refine_share``: 0.4 for new indexes, 0.0
+            for those written before it was recorded). Ignored when refine is 0.
         search_threads: FAISS threads for a single query's candidate search (``search``); batches
             (``search_batch``) use ``batch_threads`` (None: every core).
         candidates: candidate method, "depth" or "bounded" (``regis.retrieve.candidates``); None: the
             manifest's.
 
     Raises:
-        ConfigError: refine < 0, or an unknown candidate method.
+        ConfigError: refine < 0, refine_share outside 0..1, or an unknown candidate method.
     """
 
     def __init__(self, snapshot: IndexSnapshot, device: str | None = "cpu", exact_chunk: int = 8192,
                  use_codes: bool = True, refine: int | None = None,
                  search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None,
-                 candidates: str | None = None):
+                 candidates: str | None = None, refine_share: float | None = None):
         if refine is None:
             refine = snapshot.manifest.token_store.refine
         if refine < 0:
             raise ConfigError(f"refine must be >= 0, got {refine}")
+        if refine_share is None:
+            refine_share = snapshot.manifest.token_store.refine_share
+        if not 0.0 <= refine_share <= 1.0:
+            raise ConfigError(f"refine_share must be between 0 and 1, got {refine_share}")
         self.candidate_method = cands.check_method(candidates or snapshot.manifest.faiss.candidates)
         self.snapshot = snapshot
         if device is None:
@@ -108,6 +115,7 @@ class Searcher:
         self.D = snapshot.manifest.dim
         self.codes = snapshot.codes if use_codes else None
         self.refine = refine
+        self.refine_share = float(refine_share)
         self.search_threads = search_threads
         self.batch_threads = batch_threads or os.cpu_count() or 1
 
@@ -233,12 +241,20 @@ class Searcher:
             return np.zeros(0, dtype=np.float32)
         return self._maxsim(query, self.codes.get(ids))
 
+    def refine_rows(self, k: int, num_candidates: int) -> int:
+        """Candidates re-scored exactly on float16 after the codes ranked ``num_candidates`` of them:
+        ``max(refine x k, ceil(refine_share x num_candidates))``. The share makes the re-scored rows follow the
+        candidate count, which grows with the collection: SQ4's ordering of many close images misplaces more of
+        the exact top k (BENCHMARKS.md section 9: at 1M images, ~860 candidates, 80 rows gave recall@10 0.967)."""
+        return max(self.refine * k, int(np.ceil(self.refine_share * num_candidates)))
+
     def _rank(self, query: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top k of the candidates: exact float16 rerank, or codes then exact re-scoring of refine x k."""
+        """Top k of the candidates: exact float16 rerank, or codes then exact re-scoring of ``refine_rows``."""
         if self.codes is not None and self.refine == 0:
             return top_k(cand, self.rerank_codes(query, cand), k)
-        if self.codes is not None and len(cand) > self.refine * k:
-            keep, _ = top_k(cand, self.rerank_codes(query, cand), self.refine * k)
+        rows = self.refine_rows(k, len(cand))
+        if self.codes is not None and len(cand) > rows:
+            keep, _ = top_k(cand, self.rerank_codes(query, cand), rows)
             cand = np.sort(keep)
         return top_k(cand, self.rerank(query, cand), k)
 

@@ -1,0 +1,85 @@
+"""The compressed store's refine rule (issue 24): the candidates re-scored exactly on float16 are
+max(refine x k, refine_share x candidates), so they follow the candidate count as the collection grows; new
+indexes record refine 8 and share 0.4, an index written before the share was recorded keeps re-scoring refine x k
+(share 0.0), also after it grows. Small random tokens, so that a query has several hundred candidates."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from regis.errors import ConfigError
+from regis.indexes import codes as token_codes
+from regis.indexes.layout import MANIFEST_FILE
+from regis.indexes.snapshot import IndexSnapshot
+from regis.indexes.table import ImageRecord
+from regis.indexes.writer import IndexWriter
+from regis.retrieve.searcher import Searcher
+
+T, D, N = 10, 32, 1_200  # 1,200 images: Flat candidates; depth 64 x 10 query tokens -> hundreds of images
+
+
+def _add(path, tokens: np.ndarray):
+    from regis.models.encoder import EncoderConfig, WeightsInfo
+
+    config = EncoderConfig(backbone="test-refine-rule", kind="cnn", num_registers=4, dim=D, cue_method="grid",
+                           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    with IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64)) as w:
+        ids = w.allocate_ids(len(tokens))
+        w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)
+        return w.commit()
+
+
+def _tokens(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, T, D)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _rows_rescored(searcher: Searcher, query: np.ndarray) -> tuple[int, int]:
+    """(float16 rows the search read, its candidates), counted on the token store's reads."""
+    store = searcher.snapshot.store
+    read = []
+    original = store.get
+    store.get = lambda ids: (read.append(len(ids)), original(ids))[1]
+    try:
+        result = searcher.search(query, k=10, candidates="depth")
+    finally:
+        store.get = original
+    return sum(read), result.num_candidates
+
+
+def test_new_index_rescores_a_share_of_its_candidates(tmp_path):
+    m = _add(tmp_path / "idx", _tokens(N, 0))
+    assert m.token_store.spec == "SQ4"
+    assert (m.token_store.refine, m.token_store.refine_share) == (8, token_codes.DEFAULT_REFINE_SHARE) == (8, 0.4)
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    query = _tokens(1, 1)[0]
+    rows, cands = _rows_rescored(Searcher(snap), query)
+    assert cands > 300  # so that 0.4 x candidates is above refine x k = 80
+    assert rows == int(np.ceil(0.4 * cands)) > 80
+    assert _rows_rescored(Searcher(snap, refine_share=0.0), query)[0] == 80  # the rule before the share
+    assert Searcher(snap).refine_rows(10, 100) == 80  # few candidates: refine x k still the floor
+    ann, exact = Searcher(snap).search(query, k=10), Searcher(snap).search(query, k=10, mode="exact")
+    np.testing.assert_allclose(ann.scores, Searcher(snap).rerank(query, ann.ids), rtol=1e-6)  # exact scores
+    assert len(np.intersect1d(ann.ids, exact.ids)) >= 9
+    with pytest.raises(ConfigError, match="refine_share"):
+        Searcher(snap, refine_share=1.5)
+    snap.close()
+
+
+def test_an_index_written_before_the_share_keeps_its_rule_as_it_grows(tmp_path):
+    path = tmp_path / "old"
+    _add(path, _tokens(N, 0))
+    version = path / "versions" / IndexSnapshot.open(path).name
+    raw = json.loads((version / MANIFEST_FILE).read_text())
+    del raw["token_store"]["refine_share"]  # as an index written before the share was recorded
+    raw["token_store"]["refine"] = 4
+    (version / MANIFEST_FILE).write_text(json.dumps(raw))
+    snap = IndexSnapshot.open(path)
+    assert (snap.manifest.token_store.refine, snap.manifest.token_store.refine_share) == (4, 0.0)
+    assert _rows_rescored(Searcher(snap), _tokens(1, 1)[0])[0] == 40
+    snap.close()
+    m = _add(path, _tokens(200, 2))  # a new version of the same index
+    assert (m.token_store.refine, m.token_store.refine_share) == (4, 0.0) and m.num_images == N + 200
