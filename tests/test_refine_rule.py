@@ -83,3 +83,21 @@ def test_an_index_written_before_the_share_keeps_its_rule_as_it_grows(tmp_path):
     snap.close()
     m = _add(path, _tokens(200, 2))  # a new version of the same index
     assert (m.token_store.refine, m.token_store.refine_share) == (4, 0.0) and m.num_images == N + 200
+
+
+def test_sq4_scores_on_the_codes_equal_maxsim_of_the_decoded_tokens(tmp_path):
+    _add(tmp_path / "idx", _tokens(N, 0))
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    store = snap.codes
+    assert store.sq4 is not None  # a plain SQ4 codec: scored without decoding
+    ids = np.arange(0, N, 3)
+    query = _tokens(1, 5)[0]
+    decoded = store.get(ids)  # FAISS sa_decode: (n, T, D) float32
+    expected = (query @ decoded.reshape(-1, D).T).reshape(T, len(ids), T).max(axis=2).sum(axis=0)
+    np.testing.assert_allclose(store.maxsim(query, ids), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Searcher(snap).rerank_codes(query, ids), expected, rtol=1e-5, atol=1e-5)
+    chunked = token_codes.sq4_maxsim(query, store.get_codes(ids), *store.sq4, chunk_images=7)
+    np.testing.assert_allclose(chunked, expected, rtol=1e-5, atol=1e-5)
+    snap.close()
+    codec = token_codes.train_codec("SQ8", _tokens(300, 3).reshape(-1, D))
+    assert token_codes.sq4_params(codec) is None  # other codecs: decoded, then scored

@@ -191,6 +191,63 @@ def read_codec(path: Path):
         raise IndexFormatError(f"token codec {path} cannot be read by FAISS") from exc
 
 
+SQ4_CHUNK_IMAGES = 4096  # images scored per step by ``sq4_maxsim`` (bounds its float32 temporaries)
+
+
+def sq4_params(codec) -> tuple[np.ndarray, np.ndarray] | None:
+    """(vmin (D,), vdiff (D,)) float32 of a plain 4-bit scalar quantiser (FAISS ``SQ4``: ``QT_4bit``, one range
+    per dimension), None for any other codec. Its decoding is ``x_d = vmin_d + (c_d + 0.5) / 15 * vdiff_d``, with
+    dimension 2j in the low nibble of byte j and 2j + 1 in the high one (FAISS ``Codec4bit``)."""
+    faiss = _faiss()
+    index = faiss.downcast_index(codec)
+    if not isinstance(index, faiss.IndexScalarQuantizer) or index.sq.qtype != faiss.ScalarQuantizer.QT_4bit:
+        return None
+    trained = faiss.vector_to_array(index.sq.trained).astype(np.float32)
+    d = index.d
+    if len(trained) != 2 * d or d % 2:
+        return None
+    return trained[:d], trained[d:]
+
+
+def _gemm_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (m, K) @ b (n, K).T in numpy (float32)."""
+    return a @ b.T
+
+
+def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np.ndarray,
+               chunk_images: int = SQ4_CHUNK_IMAGES, gemm=_gemm_nt) -> np.ndarray:
+    """MaxSim of ``query`` against SQ4-coded images without decoding them to float32 tokens first.
+
+    ``q . x = q . (vmin + vdiff / 30) + sum_d (q_d vdiff_d / 15) c_d``: two GEMMs over the low and the high nibbles
+    (the codes as small integers) replace FAISS's per-component ``sa_decode`` and the GEMM over its output; equal
+    to MaxSim of the decoded tokens to float32 summation order (tests/test_refine_rule.py).
+
+    Args:
+        query: (m, D) float32 tokens.
+        codes: (n, T, D / 2) uint8 SQ4 codes.
+        vmin, vdiff: (D,) float32, from ``sq4_params``.
+        chunk_images: images per step.
+        gemm: ``gemm(a (m, K), b (n, K)) -> a @ b.T`` float32 (numpy's by default; the searcher passes torch's,
+            which keeps to the threads it was given where numpy's BLAS may spread a small product over busy cores).
+
+    Returns:
+        (n,) float32 scores.
+    """
+    n, t, half = codes.shape
+    query = np.asarray(query, dtype=np.float32)
+    scaled = query * (vdiff / 15.0)
+    even, odd = np.ascontiguousarray(scaled[:, 0::2]), np.ascontiguousarray(scaled[:, 1::2])
+    base = (query @ (vmin + vdiff / 30.0)).astype(np.float32)[:, None]  # (m, 1)
+    out = np.empty(n, dtype=np.float32)
+    for start in range(0, n, chunk_images):
+        flat = codes[start : start + chunk_images].reshape(-1, half)
+        sims = gemm(even, (flat & 15).astype(np.float32))
+        sims += gemm(odd, (flat >> 4).astype(np.float32))
+        sims += base
+        out[start : start + chunk_images] = sims.reshape(len(query), -1, t).max(axis=2).sum(axis=0)
+    return out
+
+
 class CodeStore:
     """Read access to the compressed tokens of one index version.
 
@@ -216,14 +273,27 @@ class CodeStore:
         self.tokens_per_image = tokens_per_image
         self.dim = dim
         self.code_size = cs
+        self.sq4 = sq4_params(self.codec)  # (vmin, vdiff) of a plain SQ4 codec: ``maxsim`` skips the decoding
 
-    def get(self, ids: np.ndarray) -> np.ndarray:
-        """Decoded tokens of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, D) float32."""
+    def get_codes(self, ids: np.ndarray) -> np.ndarray:
+        """Codes of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, code_size) uint8."""
         ids = np.asarray(ids, dtype=np.int64)
         order = np.argsort(ids, kind="stable")  # sequential reads from the memory map
         codes = np.empty((len(ids), self.tokens_per_image, self.code_size), np.uint8)
         codes[order] = self.codes[ids[order]]
-        return decode(self.codec, codes)
+        return codes
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """Decoded tokens of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, D) float32."""
+        return decode(self.codec, self.get_codes(ids))
+
+    def maxsim(self, query: np.ndarray, ids: np.ndarray, gemm=_gemm_nt) -> np.ndarray | None:
+        """MaxSim of ``query`` (m, D) float32 against the coded tokens of ``ids`` (n,): (n,) float32, computed on
+        the codes (``sq4_maxsim``, with ``gemm``); None when the codec is not a plain SQ4 (the caller decodes,
+        ``get``)."""
+        if self.sq4 is None:
+            return None
+        return sq4_maxsim(query, self.get_codes(ids), *self.sq4, gemm=gemm)
 
     @property
     def nbytes(self) -> int:

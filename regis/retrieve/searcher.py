@@ -239,7 +239,17 @@ class Searcher:
             raise ConfigError("this index has no compressed token store (token_store is float16)")
         if len(ids) == 0:
             return np.zeros(0, dtype=np.float32)
-        return self._maxsim(query, self.codes.get(ids))
+        scores = self.codes.maxsim(query, ids, self._gemm_nt)  # a plain SQ4 store: scored on its codes
+        return self._maxsim(query, self.codes.get(ids)) if scores is None else scores
+
+    def _gemm_nt(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a (m, K) @ b (n, K).T float32 on the CPU: torch's GEMM (its own thread count) unless the searcher is
+        torch-free (``device=None``: numpy)."""
+        if self.device is None:
+            return a @ b.T
+        import torch
+
+        return (torch.from_numpy(a) @ torch.from_numpy(b).T).numpy()
 
     def refine_rows(self, k: int, num_candidates: int) -> int:
         """Candidates re-scored exactly on float16 after the codes ranked ``num_candidates`` of them:
