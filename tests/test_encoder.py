@@ -161,3 +161,42 @@ def test_no_silent_fallback_without_hub_weights():
                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
     assert "ERR" in out.stdout, out.stderr[-2000:]
     assert "--weights" in out.stdout and "efficientnet-lite0" in out.stdout
+
+
+def test_random_init_gives_the_same_weights_when_another_build_runs_meanwhile(monkeypatch):
+    """Found by scripts/soak.py (embedded mode, on 5076495: 3 requests to a collection answered 503
+    ``index_unavailable``, "encoder weights (random:0, sha256 9bbad2d6441b) differ from the weights the index was
+    built with (random:0, sha256 fcd2ac8beec7)"): timm initialises from torch's global generator, so a random-init
+    build that ran while another was under way in the same process drew from the other's sequence, and two
+    encoders both called ``random:0`` differed. The first build is held inside its model creation (after its seed)
+    while a second one runs; both must give the weights a build alone gives."""
+    import threading
+
+    import regis.models.encoder as encoder_module
+
+    alone = build_encoder("vit-tiny-reg4-test", random_init=True).weights_info.sha256
+    entered, second_done = threading.Event(), threading.Event()
+    original = encoder_module.create_timm_model
+
+    def held(*args, **kwargs):
+        if threading.current_thread().name == "first":
+            entered.set()
+            second_done.wait(3)  # the second build runs now, unless it must wait for this one (then 3 s)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(encoder_module, "create_timm_model", held)
+    built = {}
+
+    def build(name: str) -> None:
+        built[name] = build_encoder("vit-tiny-reg4-test", random_init=True).weights_info.sha256
+        if name == "second":
+            second_done.set()
+
+    first = threading.Thread(target=build, args=("first",), name="first")
+    first.start()
+    assert entered.wait(60)
+    second = threading.Thread(target=build, args=("second",), name="second")
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert built == {"first": alone, "second": alone}, (built, alone)

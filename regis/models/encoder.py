@@ -8,6 +8,7 @@ With R = 4 that is 10 tokens. ``token_set`` selects a prefix of this layout for 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -227,12 +228,25 @@ class RegisEncoder(nn.Module):
         return F.normalize(tokens.float(), dim=-1), buddies, grid
 
 
+_RANDOM_INIT_LOCK = threading.Lock()
+
+
+def _random_model(spec: BackboneSpec, seed: int) -> nn.Module:
+    """A randomly initialised backbone, the same for the same seed whatever other threads do: timm initialises from
+    torch's global generator, so two builds at once in one process (the service opening a collection while a job
+    builds its encoder) drew from each other's sequence and got other weights than ``random:SEED`` means (the
+    index then refused the encoder that served it: 503 ``index_unavailable``, found by scripts/soak.py). One build at
+    a time (the global generator is left seeded and drawn from, as before)."""
+    with _RANDOM_INIT_LOCK:
+        torch.manual_seed(seed)
+        return create_timm_model(spec, pretrained=False)
+
+
 def _resolve_weights(
     spec: BackboneSpec, weights: str | None, random_init: bool, seed: int, loaded: LoadedWeights | None
 ) -> tuple[nn.Module, str]:
     if random_init:
-        torch.manual_seed(seed)
-        return create_timm_model(spec, pretrained=False), f"random:{seed}"
+        return _random_model(spec, seed), f"random:{seed}"
     if loaded is not None:
         model = create_timm_model(spec, pretrained=False)
         load_into(model, loaded.state_dict, spec, loaded.source)
