@@ -126,7 +126,7 @@ class Encode:
 
         ok = np.asarray(batch["ok"], dtype=bool)
         tokens = np.zeros((len(ok), self.T, self.D), dtype=np.float32)
-        buddies = np.zeros((len(ok), self.encoder.config.num_registers + 1), dtype=np.int64)
+        buddies = np.zeros((len(ok), self.encoder.config.buddies_per_image), dtype=np.int64)
         grid = np.zeros((len(ok), 2), dtype=np.int64)
         if ok.any():
             t, b, g = self.encoder.encode_with_buddies(torch.from_numpy(np.ascontiguousarray(batch["pixels"][ok])))

@@ -41,7 +41,7 @@ RedisPrefix = Annotated[str, AfterValidator(_check_redis_prefix)]
 
 QueryRuntime = Literal["auto", "onnx", "torch"]
 # the encoder's frame and query layout (``regis.models.encoder.FRAMES``, ``QUERY_LAYOUTS``) as settings and fields
-FrameName = Literal["center-crop", "squash", "pad", "aspect"]
+FrameName = Literal["center-crop", "squash", "pad", "aspect", "center-crop+aspect"]
 QueryLayoutName = Literal["tokens", "tokens+roi-cues"]
 """How CNN queries are encoded on CPU (``regis.models.inference``): ONNX Runtime when installed ("auto"), ONNX
 Runtime ("onnx") or the folded torch copy ("torch")."""

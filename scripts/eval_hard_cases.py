@@ -49,7 +49,7 @@ from regis.data.hard_cases import MIN_ELONGATION, QUERY_KINDS, HardSet, build_ha
 from regis.data.sample_photos import collect_sample_photos
 from regis.models.batching import shape_groups
 from regis.models.encoder import RegisEncoder, build_encoder
-from regis.models.geometry import is_aspect
+from regis.models.geometry import is_aspect, is_two_framings
 from regis.models.transforms import eval_transform
 from regis.scores.maxsim import maxsim_scores
 from training.evaluation.intervals import paired_bootstrap, wilson_interval  # noqa: F401 (re-exported)
@@ -95,13 +95,20 @@ def scorer_tokens(encoder: RegisEncoder, parts, roi_parts=None, query: bool = Fa
 def aspect_scorer_tokens(encoder: RegisEncoder, images: list[Image.Image], query: bool = False,
                          batch: int = 16) -> dict[str, torch.Tensor]:
     """``scorer_tokens`` for an encoder whose inputs differ in shape (the "aspect" frame): both backbone passes per
-    group of one shape (``regis.models.batching.shape_groups``), the tokens put back in input order; no ``dense``."""
+    group of one shape (``regis.models.batching.shape_groups``), the tokens put back in input order; no ``dense``.
+    Two framings ("center-crop+aspect"): the encoder's own tokens (``two_framing_tokens``)."""
     tf = eval_transform(encoder.config)
     out: dict[str, torch.Tensor] = {}
     with torch.inference_mode():
         for positions, pixels in shape_groups([tf(im) for im in images]):
             for i in range(0, len(positions), batch):
                 x = pixels[i : i + batch]
+                if is_two_framings(encoder.config):
+                    got = two_framing_tokens(encoder, x, query)
+                    rows = torch.as_tensor(positions[i : i + batch])
+                    for name, t in got.items():
+                        out.setdefault(name, t.new_zeros((len(images), *t.shape[1:])))[rows] = t
+                    continue
                 parts, roi = encoder.forward_parts(x), encoder.forward_roi_parts(x)
                 parts = (parts[0].float(), parts[1].float(), parts[2])
                 roi = None if roi is None else (roi[0].float(), roi[1].float(), roi[2])
@@ -116,6 +123,29 @@ def aspect_scorer_tokens(encoder: RegisEncoder, images: list[Image.Image], query
                         out[name] = t.new_zeros((len(images), *t.shape[1:]))
                     out[name][rows] = t
     return out
+
+
+def two_framing_tokens(encoder: RegisEncoder, x: torch.Tensor, query: bool) -> dict[str, torch.Tensor]:
+    """A "center-crop+aspect" encoder's scorer tokens of one same-shape batch ``x``: ``maxsim-<T>`` (the T indexed
+    tokens, both framings), ``global`` (the two global tokens, one per framing) and ``maxsim-q<m>`` (the query's m
+    tokens when ``query``, else the T indexed ones): what a search with that encoder ranks by."""
+    cfg = encoder.config
+    t1, m1 = cfg.tokens_per_framing, cfg.query_tokens_per_framing
+    q = encoder.forward_with_buddies(x, query=True)[0].float()
+    tokens = torch.cat([q[:, :t1], q[:, m1 : m1 + t1]], 1)
+    return {f"maxsim-{cfg.tokens_per_image}": tokens, "global": tokens[:, [0, t1]],
+            f"maxsim-q{cfg.query_tokens_per_image}": q if query else tokens}
+
+
+def framing_variants(q: torch.Tensor, g: torch.Tensor, mq: int, tg: int) -> dict[str, torch.Tensor]:
+    """Other scores of two framings' tokens (query (Q, 2 mq, D), gallery (N, 2 tg, D), each framing's tokens one
+    after the other, the central square's first): "|", the better of the per-framing MaxSim scores per pair;
+    "@whole", the query's whole-image tokens against all the gallery's; ":crop" and ":whole", one framing alone
+    (query and gallery). {suffix: (Q, N) scores}."""
+    crop = maxsim_scores(q[:, :mq], g[:, :tg], chunk_size=16)
+    whole = maxsim_scores(q[:, mq:], g[:, tg:], chunk_size=16)
+    return {"|": torch.maximum(crop, whole), "@whole": maxsim_scores(q[:, mq:], g, chunk_size=16),
+            ":crop": crop, ":whole": whole}
 
 
 def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
@@ -191,12 +221,13 @@ def recall_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndar
 
 
 def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_parts=None, known=None,
-             keep_scores: tuple[str, ...] = ()) -> dict:
+             keep_scores: tuple[str, ...] = (), keep_tokens: bool = False) -> dict:
     """Scores every scorer on the hard set; returns {scorer: {kind: metrics}} plus vectors per image.
 
     ``known``: {scorer: metrics} already computed on the same backbone pass (the dense reference does not
     depend on the readout), not recomputed. ``keep_scores``: scorers whose (Q, N) score matrices are returned
-    too (under "scores")."""
+    too (under "scores"); ``keep_tokens``: their query and gallery tokens too (under "tokens": {scorer:
+    (query (Q, m, D), gallery (N, T, D))})."""
     gi, qi = [it.image for it in hard.gallery], [it.image for it in hard.queries]
     if is_aspect(encoder.config):
         g, q = aspect_scorer_tokens(encoder, gi), aspect_scorer_tokens(encoder, qi, query=True)
@@ -211,7 +242,8 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
     table = {name: known[name] if name in known else metrics_of(hits[name], kinds) for name in g}
     return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g},
             "hits": {name: {m: v.tolist() for m, v in h.items()} for name, h in hits.items()},
-            **({"scores": {name: scores[name] for name in keep_scores}} if keep_scores else {})}
+            **({"scores": {name: scores[name] for name in keep_scores}} if keep_scores else {}),
+            **({"tokens": {name: (q[name], g[name]) for name in keep_scores}} if keep_tokens else {})}
 
 
 def print_table(result: dict, title: str = "") -> None:
@@ -295,13 +327,23 @@ def compare_frames(args) -> int:
     """``--frames``: the same hard set (per seed) through one encoder per frame; per-query Recall@1 of the
     scorer searches rank by (``maxsim-q15`` for a CNN with the 15-token query, else ``maxsim-10``) and of the
     global token, pooled over the seeds, each frame against the first; JSON with every query's hits.
-    ``--combine "A|B"``: also the better of frame A's and B's scores per pair (two framings per image)."""
+    ``--combine "A|B"``: also the better of frame A's and B's scores per pair (two framings per image).
+    A "center-crop+aspect" frame (F) adds the other scores of its tokens (``framing_variants``): "F|", "F@whole",
+    "F:crop", "F:whole". ``--reuse FILE``: frames whose hits an earlier ``--frames`` JSON of the same seeds holds
+    (the same queries, checked) are taken from it, not encoded again."""
     encoders = {f: build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                                  cue_method=args.cue_method, image_size=args.image_size, frame=f,
                                  cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size,
                                  query_layout=args.query_layout) for f in args.frames}
-    first = next(iter(encoders.values())).config
-    scorer = f"maxsim-q{first.query_tokens_per_image}" if first.query_layout != "tokens" else "maxsim-10"
+
+    def ranked_by(cfg) -> str:  # the scorer a search with that encoder ranks by
+        q = cfg.query_layout != "tokens"
+        return f"maxsim-q{cfg.query_tokens_per_image}" if q else f"maxsim-{cfg.tokens_per_image}"
+
+    scorer = ranked_by(next(iter(encoders.values())).config)  # the key every frame's hits are kept under
+    reuse = json.loads(args.reuse.read_text()) if args.reuse else None
+    if reuse and (reuse["seeds"] != args.seed or reuse["scorer"] != scorer):
+        raise SystemExit(f"--reuse {args.reuse}: seeds {reuse['seeds']} / scorer {reuse['scorer']}, not {args.seed}")
     aspect = select_aspect_photos(args.aspect_photos, args.aspect_count) if args.aspect_photos else None
     if aspect:
         print("aspect photos: " + ", ".join(p.name for p in aspect))
@@ -310,18 +352,36 @@ def compare_frames(args) -> int:
            "encoders": {f: e.config.model_dump() for f, e in encoders.items()},
            "weights": next(iter(encoders.values())).weights_info.source, "queries": [], "hits": {}, "metrics": {}}
     combos = [c.split("|") for c in args.combine or []]
-    hits: dict[str, dict[str, list]] = {f: {scorer: [], "global": []} for f in [*encoders, *(args.combine or [])]}
+    duals = [f for f, e in encoders.items() if is_two_framings(e.config)]
+    labels = [*encoders, *(args.combine or []), *(f + v for f in duals for v in ("|", "@whole", ":crop", ":whole"))]
+    hits: dict[str, dict[str, list]] = {f: {scorer: [], "global": []} for f in labels}
     for seed in args.seed:
         hard, n_photos = load_hard_set(args.repeats, seed, aspect)
         print(f"seed {seed}: {n_photos} photos, gallery {len(hard.gallery)}, {len(hard.queries)} queries", flush=True)
         out["queries"] += [{"seed": seed, "kind": q.kind, "photo": q.photo} for q in hard.queries]
         kept = {}
         for f, enc in encoders.items():
+            if reuse and f in reuse["hits"]:
+                if [{"seed": seed, "kind": q.kind, "photo": q.photo} for q in hard.queries] != reuse["queries"]:
+                    raise SystemExit(f"--reuse {args.reuse}: other queries than seed {seed}'s")
+                for name in (scorer, "global"):
+                    hits[f][name] += reuse["hits"][f][name]
+                print(f"  {f}: hits from {args.reuse}", flush=True)
+                continue
             t0 = time.perf_counter()
-            result = evaluate(enc, hard, keep_scores=(scorer, "global") if combos else ())
+            own = ranked_by(enc.config)
+            dual = f in duals
+            result = evaluate(enc, hard, keep_scores=(own, "global") if combos or dual else (), keep_tokens=dual)
             kept[f] = result.pop("scores", None)
             for name in (scorer, "global"):
-                hits[f][name] += result["hits"][name]["R@1"]
+                hits[f][name] += result["hits"][own if name == scorer else name]["R@1"]
+            if dual:
+                cfg = enc.config
+                for name, (q, g) in result.pop("tokens").items():
+                    mq, tg = (cfg.query_tokens_per_framing, cfg.tokens_per_framing) if name == own else (1, 1)
+                    for v, sc in framing_variants(q, g, mq, tg).items():
+                        hits[f + v][scorer if name == own else name] += query_hits(sc, hard.relevance)["R@1"].tolist()
+            result["metrics"] = {(scorer if k == own else k): v for k, v in result["metrics"].items()}
             out["metrics"].setdefault(str(seed), {})[f] = result["metrics"]
             print(f"  {f}: {time.perf_counter() - t0:.0f} s; all R@1 {result['metrics'][scorer]['all']['R@1']:.3f}",
                   flush=True)
@@ -377,6 +437,9 @@ def main() -> int:
                     help="compare these frames (the first is the reference) on the same set: Recall@1 per kind "
                          "with intervals; --json keeps every query's hits")
     ap.add_argument("--pool", nargs="+", type=Path, default=None, help="pool the tables of --frames JSON files")
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="with --frames: take the hits of the frames this earlier --frames JSON (same seeds) holds "
+                         "from it instead of encoding them again")
     ap.add_argument("--combine", nargs="+", default=None,
                     help="with --frames: also score 'A|B': tokens of frames A and B per image, the better of the two "
                          "MaxSim scores per (query, gallery image) pair")

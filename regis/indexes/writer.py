@@ -206,7 +206,7 @@ class IndexWriter:
             stored = load_npy(base_dir / self.base.buddies.file)
         except (OSError, ValueError) as exc:
             raise IndexFormatError(f"{base_dir / self.base.buddies.file} is missing or corrupt") from exc
-        out = np.full((len(self.locations), self.encoder.num_registers + 1), -1, dtype=np.int16)
+        out = np.full((len(self.locations), self.encoder.buddies_per_image), -1, dtype=np.int16)
         n = min(len(stored), len(out))
         out[:n] = stored[:n]
         return out, tuple(self.base.buddies.grid)
@@ -219,7 +219,7 @@ class IndexWriter:
             return
         grid = (int(grid[0]), int(grid[1]))
         if self.buddies is None:
-            self.buddies = np.full((len(self.locations), self.encoder.num_registers + 1), -1, dtype=np.int16)
+            self.buddies = np.full((len(self.locations), self.encoder.buddies_per_image), -1, dtype=np.int16)
             self.buddy_grid = grid
         elif grid != self.buddy_grid:
             raise ConfigError(f"buddy patches on a {grid} grid cannot join an index on a {self.buddy_grid} grid")
@@ -258,8 +258,9 @@ class IndexWriter:
         Args:
             records: one ImageRecord per image, ``id`` set.
             tokens: (n, T, D) float (stored as float16), unit-norm tokens from the index's encoder.
-            buddies: optional (n, R + 1) int buddy patches (``RegisEncoder.encode_with_buddies``), stored in
-                ``buddies.npy`` for match explanations; without them these images' rows read -1 (unknown).
+            buddies: optional (n, R + 1) int buddy patches (``RegisEncoder.encode_with_buddies``; R + 1 per framing,
+                ``EncoderConfig.buddies_per_image``), stored in ``buddies.npy`` for match explanations; without
+                them these images' rows read -1 (unknown).
             grid: the (h, w) patch grid ``buddies`` index; required with ``buddies``.
 
         Raises:
@@ -272,7 +273,7 @@ class IndexWriter:
             )
         if buddies is not None:
             buddies = np.asarray(buddies)
-            want = (len(records), self.encoder.num_registers + 1)
+            want = (len(records), self.encoder.buddies_per_image)
             if buddies.shape != want or grid is None:
                 raise ConfigError(f"expected buddies of shape {want} and their grid, got {buddies.shape}, {grid}")
         if not records:

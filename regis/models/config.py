@@ -42,7 +42,8 @@ DEFAULT_CNN_ROI_SIZE = 1
 # field read their ROI tokens from the one pass, as before.
 DEFAULT_CNN_ROI_SCALE = 1 / math.sqrt(2)
 DEFAULT_ROI_SIZE = 3  # ViTs, as in METHODS.md
-FRAMES = ("center-crop", "squash", "pad", "aspect")
+FRAMES = ("center-crop", "squash", "pad", "aspect", "center-crop+aspect")
+TWO_FRAMINGS = "center-crop+aspect"  # CNNs: every image indexed with the tokens of both framings (docs/RESULTS.md 6)
 # Query-token layouts (``EncoderConfig.query_layout``): "tokens", the T tokens an image is indexed with;
 # "tokens+roi-cues", those plus the R + 1 cue tokens of the CNN's ROI pass (already run for the ROI tokens, so no
 # extra encoder time): 2(R + 1) + R + 1 = 15 query tokens against the 10 indexed ones. docs/RESULTS.md, "Hard
@@ -76,7 +77,9 @@ class EncoderConfig(BaseModel):
             side to ``resize_size``, then the central square: what indexes without this field used),
             "squash" (the whole frame resized to the square, aspect ratio not kept) or "pad" (the whole frame,
             aspect ratio kept, padded with the mean colour) or "aspect" (CNNs: the whole frame, aspect ratio kept,
-            short side ``image_size``, long side at most 2x, no square: ``regis.models.geometry``; ViTs: "pad").
+            short side ``image_size``, long side at most 2x, no square: ``regis.models.geometry``; ViTs: "pad")
+            or "center-crop+aspect" (CNNs only: both framings per image, the central square of the "aspect"
+            input and the whole "aspect" input, their tokens one after the other: ``framings`` = 2).
         interpolation: torchvision interpolation mode name.
         mean, std: per-channel normalisation.
         query_layout: which tokens a query gets (the index's tokens are the same either way): "tokens" (the
@@ -98,7 +101,7 @@ class EncoderConfig(BaseModel):
     image_size: int = 224
     roi_image_size: int | None = None
     resize_size: int = 224
-    frame: Literal["center-crop", "squash", "pad", "aspect"] = "center-crop"
+    frame: Literal["center-crop", "squash", "pad", "aspect", "center-crop+aspect"] = "center-crop"
     interpolation: str = "bicubic"
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -131,15 +134,43 @@ class EncoderConfig(BaseModel):
                              "and the cls+reg+roi token set")
         return self
 
+    @model_validator(mode="after")
+    def _two_framings_need_a_cnn(self) -> EncoderConfig:
+        if self.frame == TWO_FRAMINGS and self.kind != "cnn":
+            raise ValueError(f"frame {TWO_FRAMINGS!r} needs a CNN backbone (its aspect framing feeds non-square "
+                             f"inputs), not {self.kind} ({self.backbone})")
+        return self
+
     @property
-    def tokens_per_image(self) -> int:
-        """T, the number of tokens per image the encoder returns."""
+    def framings(self) -> int:
+        """How many framings each image is encoded with: 2 for "center-crop+aspect", else 1."""
+        return 2 if self.frame == TWO_FRAMINGS else 1
+
+    @property
+    def tokens_per_framing(self) -> int:
+        """The tokens one framing gives an image (``token_set``): 1, R + 1 or 2(R + 1)."""
         return len(self.token_positions)
 
     @property
+    def tokens_per_image(self) -> int:
+        """T, the number of tokens per image the encoder returns (``tokens_per_framing`` x ``framings``)."""
+        return self.tokens_per_framing * self.framings
+
+    @property
+    def query_tokens_per_framing(self) -> int:
+        """A query's tokens per framing (``query_layout``): ``tokens_per_framing``, or that + R + 1."""
+        return self.tokens_per_framing + (self.num_registers + 1 if self.query_layout == "tokens+roi-cues" else 0)
+
+    @property
     def query_tokens_per_image(self) -> int:
-        """m, the number of tokens a query gets (``query_layout``): T, or T + R + 1."""
-        return self.tokens_per_image + (self.num_registers + 1 if self.query_layout == "tokens+roi-cues" else 0)
+        """m, the number of tokens a query gets: ``query_tokens_per_framing`` x ``framings`` (T, or T + R + 1 with
+        one framing)."""
+        return self.query_tokens_per_framing * self.framings
+
+    @property
+    def buddies_per_image(self) -> int:
+        """The buddy patches stored per image: R + 1 per framing (one per cue; ``regis.models.roi``)."""
+        return (self.num_registers + 1) * self.framings
 
 
 class WeightsInfo(BaseModel):

@@ -29,11 +29,12 @@ from regis.models.config import (  # noqa: F401  (re-exported: the names' histor
     FRAMES,
     QUERY_LAYOUTS,
     TOKEN_SETS,
+    TWO_FRAMINGS,
     EncoderConfig,
     WeightsInfo,
 )
 from regis.models.cues import cnn_cues
-from regis.models.geometry import CNN_STRIDE, is_aspect, roi_input_size
+from regis.models.geometry import CNN_STRIDE, central_square, is_aspect, is_two_framings, roi_input_size
 from regis.models.registry import BackboneSpec, get_backbone_spec
 from regis.models.roi import BORDER_MODES, buddy_patches, check_roi_size, roi_tokens
 from regis.models.weights import (
@@ -115,16 +116,40 @@ class RegisEncoder(nn.Module):
             tokens (B, T, D) float unit-norm (exactly ``forward``'s; with ``query``: (B, m, D), m =
             ``config.query_tokens_per_image``, whose first T are those), buddies (B, R + 1) int64: the buddy
             patch of each cue (row-major index on the grid; the ROI token of cue c is the N x N window centred
-            there, ``regis.models.roi.window_bounds``), and the patch grid (h, w).
+            there, ``regis.models.roi.window_bounds``), and the patch grid (h, w). "center-crop+aspect": per
+            framing, the central square's first (tokens T / 2 or m / 2, buddies R + 1 on the square ROI grid),
+            then the whole input's (on its own grid, the one returned).
         """
+        if is_two_framings(self.config):  # the central square's tokens, then the whole input's
+            square = self._framed(self.central_square(images), query, aspect=False)
+            whole = self._framed(images, query, aspect=True)
+            return torch.cat([square[0], whole[0]], 1), torch.cat([square[1], whole[1]], 1), whole[2]
+        return self._framed(images, query, aspect=is_aspect(self.config))
+
+    def _framed(self, images: torch.Tensor, query: bool, aspect: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """``forward_with_buddies`` of one framing (``aspect``: the input is non-square, its ROI pass sized by
+        ``regis.models.geometry.roi_input_size``)."""
         parts = self.forward_parts(images)
-        roi_parts = self.forward_roi_parts(images)
+        roi_parts = self.forward_roi_parts(images, aspect=aspect)
         rcues, rpatches, rgrid = roi_parts or parts
         buddies = buddy_patches(rcues, rpatches)
         readout = self.query_readout if query else self.readout
         return readout(*parts, roi_parts=roi_parts), buddies, rgrid
 
-    def forward_roi_parts(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None:
+    def central_square(self, images: torch.Tensor) -> torch.Tensor:
+        """The centre-crop framing of "center-crop+aspect": the central square of a (B, 3, H, W) "aspect" input,
+        resized (bicubic, antialiased) to ``image_size`` when its side is not that (panoramas past 2:1), ->
+        (B, 3, image_size, image_size). Its place in the image: ``regis.models.geometry.crop_region``."""
+        left, top, side = central_square(images.shape[-1], images.shape[-2])
+        square = images[..., top : top + side, left : left + side]
+        size = self.config.image_size
+        if side != size:
+            square = F.interpolate(square, size=(size, size), mode="bicubic", align_corners=False, antialias=True)
+        return square
+
+    def forward_roi_parts(self, images: torch.Tensor, aspect: bool | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None:
         """The second, smaller backbone pass the ROI tokens are read from (``config.roi_image_size``), or None
         when the ROI tokens come from the main pass (no ``roi_image_size``, or no ROI tokens).
 
@@ -132,6 +157,8 @@ class RegisEncoder(nn.Module):
             images: (B, 3, H, W) float, the ``image_size`` input; it is resized by
                 ``config.roi_image_size / config.image_size`` (bicubic, antialiased); "aspect" frame: each side
                 rounded to a multiple of 32 px (``regis.models.geometry.roi_input_size``).
+            aspect: whether ``images`` is an "aspect" input (default: ``is_aspect(config)``; "center-crop+aspect"
+                passes False for its central square).
 
         Returns:
             ``forward_parts`` of the resized batch: cues (B, R + 1, D), patches (B, P', D), grid (h', w').
@@ -139,7 +166,7 @@ class RegisEncoder(nn.Module):
         size = self.config.roi_image_size
         if size is None or self.config.token_set != "cls+reg+roi":
             return None
-        if is_aspect(self.config):
+        if is_aspect(self.config) if aspect is None else aspect:
             rw, rh = roi_input_size(self.config, images.shape[-1], images.shape[-2])
             out = (rh, rw)
         else:
@@ -167,7 +194,7 @@ class RegisEncoder(nn.Module):
             rois = roi_tokens(rcues, rpatches, rgrid, self.config.roi_size, self.config.border)
             tokens = torch.cat([cues, rois.to(cues.dtype)], 1)
         else:
-            tokens = cues[:, : self.config.tokens_per_image]
+            tokens = cues[:, : self.config.tokens_per_framing]
         return self.project(tokens)
 
     def query_readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int],
@@ -292,8 +319,8 @@ def build_encoder(
         device: where to put the model; it is returned in eval mode.
         image_size: input side in pixels (crop and resize), CNN backbones only; default: the stored run
             config's, else the registry's (224 for the real backbones).
-        frame: "center-crop", "squash", "pad" or "aspect" (``EncoderConfig.frame``); default: the stored run config's,
-            else ``DEFAULT_FRAME``.
+        frame: "center-crop", "squash", "pad", "aspect" or "center-crop+aspect" (CNNs; ``EncoderConfig.frame``);
+            default: the stored run config's, else ``DEFAULT_FRAME``.
         roi_image_size: CNN only: side (px) of the second pass the ROI tokens are read from
             (``EncoderConfig.roi_image_size``); 0: one pass. Default: the stored run config's (a run without
             the field: one pass), else ``default_roi_image_size(image_size)`` (224 -> 160 px).
@@ -341,6 +368,9 @@ def build_encoder(
         raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; image size {size} applies to CNNs only")
     if frame is not None and frame not in FRAMES:
         raise ConfigError(f"frame must be one of {FRAMES}, got {frame!r}")
+    if frame == TWO_FRAMINGS and spec.kind != "cnn":
+        raise ConfigError(f"frame {TWO_FRAMINGS!r} needs a CNN backbone (its aspect framing feeds non-square "
+                          f"inputs), not {spec.name}")
     if size < 32:
         raise ConfigError(f"image size must be at least 32 px, got {size}")
     resize = size if image_size is not None else int(stored.get("resize_size", size))

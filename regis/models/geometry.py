@@ -18,6 +18,10 @@ the encoder config's ``frame`` says (configs without the field: "center-crop"):
   the stride (``roi_input_size``). The input is the whole image, so a grid cell is ``width / w`` x
   ``height / h`` original pixels and the patch grid of an image follows from its size alone (``image_grids``).
   For ViTs "aspect" is "pad" (a fixed square of patches).
+- "center-crop+aspect" (CNNs): two framings per image from the one "aspect" input: the central square of that
+  input (side ``min(W, H)``, resized to ``image_size`` when the short side is not that: panoramas past 2:1), read
+  like a centre crop, and the whole input, as "aspect". Its first tokens (and buddies) are the square's, on the
+  square grid (``nominal_grid``), in ``crop_region``; the rest the whole input's, on the image's own grid.
 
 The backbone sees the square as an h x w grid of patches, each ``image_size / h`` x ``image_size / w`` input
 pixels. These functions invert the chain, so a ROI token's N x N window (``window_bounds``)
@@ -51,9 +55,38 @@ ASPECT_MAX_RATIO = 2.0  # "aspect" frame: the long side at most this times ``ima
 ASPECT_MIN_SHORT = 0.5  # ... and the short side at least this times (rounded to the stride)
 
 
+TWO_FRAMINGS = "center-crop+aspect"
+
+
 def is_aspect(config: EncoderConfig) -> bool:
-    """Whether ``config`` feeds the whole, non-square image ("aspect" frame on a CNN)."""
-    return getattr(config, "frame", "center-crop") == "aspect" and config.kind == "cnn"
+    """Whether ``config`` feeds the whole, non-square image ("aspect" frame on a CNN, alone or with the centre
+    crop of ``TWO_FRAMINGS``)."""
+    return getattr(config, "frame", "center-crop") in ("aspect", TWO_FRAMINGS) and config.kind == "cnn"
+
+
+def is_two_framings(config: EncoderConfig) -> bool:
+    """Whether ``config`` encodes each image twice: its central square and the whole image (``TWO_FRAMINGS``)."""
+    return getattr(config, "frame", "center-crop") == TWO_FRAMINGS and config.kind == "cnn"
+
+
+def central_square(in_width: int, in_height: int) -> tuple[int, int, int]:
+    """The central square of an ``in_width`` x ``in_height`` input: (left, top, side) in input pixels."""
+    side = min(in_width, in_height)
+    return (in_width - side) // 2, (in_height - side) // 2, side
+
+
+def crop_region(config: EncoderConfig, width: int, height: int) -> Box:
+    """The part of a ``width`` x ``height`` image that the centre-crop framing of ``TWO_FRAMINGS`` shows: the
+    central square of its "aspect" input (``aspect_input_size``), in the image's pixels (x0, y0, x1, y1), float,
+    ends exclusive.
+
+    Raises:
+        ConfigError: a non-positive size.
+    """
+    iw, ih = aspect_input_size(config, width, height)
+    left, top, side = central_square(iw, ih)
+    sx, sy = width / iw, height / ih
+    return left * sx, top * sy, (left + side) * sx, (top + side) * sy
 
 
 def _to_stride(x: float) -> int:
@@ -119,7 +152,8 @@ def buddy_grid(config: EncoderConfig, grid: tuple[int, int], width: int, height:
 
 
 def input_region(config: EncoderConfig, width: int, height: int) -> Box:
-    """The part of a ``width`` x ``height`` image that the encoder's square input shows.
+    """The part of a ``width`` x ``height`` image that the encoder's square input shows (``TWO_FRAMINGS``: its
+    whole-image framing's, the whole image).
 
     Args:
         config: the encoder config (``frame``, ``resize_size``, ``image_size``).
@@ -136,6 +170,8 @@ def input_region(config: EncoderConfig, width: int, height: int) -> Box:
         raise ConfigError(f"image size must be positive, got {width} x {height}")
     frame = getattr(config, "frame", "center-crop")
     size = config.image_size
+    if frame == TWO_FRAMINGS:  # its second framing spans the whole image (the first: ``crop_region``)
+        frame = "aspect"
     if frame == "aspect":
         if config.kind == "cnn":
             return 0.0, 0.0, float(width), float(height)
@@ -160,7 +196,7 @@ def input_region(config: EncoderConfig, width: int, height: int) -> Box:
 
 
 def grid_box(config: EncoderConfig, grid: tuple[int, int], window: tuple[int, int, int, int],
-             width: int, height: int) -> Box:
+             width: int, height: int, region: Box | None = None) -> Box:
     """The pixels of a ``width`` x ``height`` image that a window of the patch grid covers.
 
     Args:
@@ -168,13 +204,15 @@ def grid_box(config: EncoderConfig, grid: tuple[int, int], window: tuple[int, in
         grid: (h, w) patch grid of the encoder's input.
         window: (row0, row1, col0, col1) on the grid, ends exclusive (``window_bounds``).
         width, height: the image's size, pixels.
+        region: the image pixels the grid spans (default ``input_region``; ``crop_region`` for the centre-crop
+            framing of ``TWO_FRAMINGS``).
 
     Returns:
         (x0, y0, x1, y1) in the image's pixels, float, ends exclusive, clipped to the image.
     """
     h, w = grid
     r0, r1, c0, c1 = window
-    x0, y0, x1, y1 = input_region(config, width, height)
+    x0, y0, x1, y1 = region or input_region(config, width, height)
     cw, ch = (x1 - x0) / w, (y1 - y0) / h
     box = (x0 + c0 * cw, y0 + r0 * ch, x0 + c1 * cw, y0 + r1 * ch)
     return max(box[0], 0.0), max(box[1], 0.0), min(box[2], float(width)), min(box[3], float(height))

@@ -49,6 +49,8 @@ def unsupported_reason(config: EncoderConfig) -> str | None:
     methods stay on the torch path."""
     if config.kind != "cnn":
         return f"the numpy readout covers CNN backbones, not {config.kind} ({config.backbone})"
+    if config.framings != 1:
+        return f"the numpy readout covers one framing per image, not {config.frame!r}"
     if (config.cue_method or "grid") != "grid":
         return f"the numpy readout covers the grid cue method, not {config.cue_method}"
     if math.isqrt(config.num_registers) ** 2 != config.num_registers:
@@ -150,7 +152,7 @@ def query_tokens(config: EncoderConfig, fmap: np.ndarray, roi_fmap: np.ndarray |
     r = config.num_registers
     cues = cue_tokens(fmap, r, config.cue_pooling)
     if config.token_set != "cls+reg+roi":
-        return normalize(project(cues[:, : config.tokens_per_image], head))
+        return normalize(project(cues[:, : config.tokens_per_framing], head))
     if roi_fmap is None and config.roi_image_size is not None:
         raise ConfigError("this encoder reads its ROI tokens from a second pass: give its feature map")
     rcues = cue_tokens(roi_fmap, r, config.cue_pooling) if roi_fmap is not None else cues

@@ -41,7 +41,7 @@ def eval_transform(config: EncoderConfig):
     size, interp = config.image_size, _interp(config.interpolation)
     if frame == "aspect" and not is_aspect(config):
         frame = "pad"  # a ViT's fixed square of patches
-    if frame == "aspect":
+    if is_aspect(config):  # "aspect", or "center-crop+aspect" (the encoder takes the central square itself)
         geometry = [_AspectResize(config, interp)]
     elif frame == "squash":
         geometry = [T.Resize((size, size), interpolation=interp)]

@@ -119,13 +119,14 @@ def _box(box) -> list[float] | None:
 
 def query_json(config: EncoderConfig, query: EncodedImage) -> dict:
     """The query's tokens: name, kind and, for ROI tokens, the box of their window in the query's pixels."""
-    names = token_names(config.num_registers, len(query.tokens))
+    names = token_names(config.num_registers, len(query.tokens), config.framings)
     return {
         "width": query.width, "height": query.height,
         "grid": list(buddy_grid(config, query.grid, query.width, query.height)) if query.grid else None,
         "tokens": [
             {"index": i, "name": name, "kind": kind,
-             "box": _box(token_box(config, query.grid, query.buddies, i, query.width, query.height))}
+             "box": _box(token_box(config, query.grid, query.buddies, i, query.width, query.height,
+                                   count=len(query.tokens)))}
             for i, (name, kind) in enumerate(names)
         ],
     }
@@ -143,12 +144,12 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
         width, height: the result image's size, pixels.
     """
     m = token_matches(query, doc)
-    qnames = token_names(config.num_registers, len(query))
-    dnames = token_names(config.num_registers, len(doc))
+    qnames = token_names(config.num_registers, len(query), config.framings)
+    dnames = token_names(config.num_registers, len(doc), config.framings)
     matches = []
     for i in range(len(query)):
         j = int(m.best[i])
-        box = token_box(config, grid, buddies, j, width, height) if grid is not None else None
+        box = token_box(config, grid, buddies, j, width, height, count=len(doc)) if grid is not None else None
         matches.append({
             "query_token": i, "query_name": qnames[i][0], "result_token": j, "result_name": dnames[j][0],
             "similarity": float(m.similarity[i]), "contribution": float(m.contribution[i]),

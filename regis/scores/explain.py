@@ -17,7 +17,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from regis.errors import ConfigError
-from regis.models.geometry import Box, buddy_grid, grid_box, window_bounds
+from regis.models.geometry import (
+    Box,
+    buddy_grid,
+    crop_region,
+    grid_box,
+    is_two_framings,
+    nominal_grid,
+    window_bounds,
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,7 @@ def token_matches(query: np.ndarray, doc: np.ndarray) -> TokenMatches:
     return TokenMatches(best.astype(np.int64), similarity, contribution, share.astype(np.float32), score)
 
 
-def token_names(num_registers: int, tokens_per_image: int) -> list[tuple[str, str]]:
+def token_names(num_registers: int, tokens_per_image: int, framings: int = 1) -> list[tuple[str, str]]:
     """(name, kind) of each token position of the layout [CLS, reg_1..reg_R, ROI_cls, ROI_reg_1..ROI_reg_R],
     followed, for a query of the "tokens+roi-cues" layout (``EncoderConfig.query_layout``), by the cue tokens of
     the CNN's smaller ROI pass.
@@ -73,7 +81,13 @@ def token_names(num_registers: int, tokens_per_image: int) -> list[tuple[str, st
     kind is "cls", "register" or "roi"; names are "cls", "reg1".., "roi-cls", "roi-reg1"..., then "pass2-cls",
     "pass2-reg1"... (kinds "cls" and "register"). For CNN backbones "cls" is the global pool (GeM, or mean for
     encoders made before it) and the registers are part tokens (``regis.models.cues``).
+
+    ``framings`` 2 ("center-crop+aspect"): the first half's names get the prefix "crop-" (the central square), the
+    second half's "whole-" (the whole image).
     """
+    if framings == 2:
+        half = token_names(num_registers, tokens_per_image // 2)
+        return [(f"crop-{n}", k) for n, k in half] + [(f"whole-{n}", k) for n, k in half]
     r = num_registers
     cues = ["cls", *[f"reg{i}" for i in range(1, r + 1)]]
     out = [(name, "cls" if name == "cls" else "register") for name in cues]
@@ -89,7 +103,8 @@ def roi_cue(position: int, num_registers: int) -> int | None:
 
 
 def token_box(
-    config, grid: tuple[int, int], buddies: np.ndarray | None, position: int, width: int, height: int
+    config, grid: tuple[int, int], buddies: np.ndarray | None, position: int, width: int, height: int,
+    count: int | None = None,
 ) -> Box | None:
     """The box of a ROI token's N x N window in an image's own pixels.
 
@@ -100,16 +115,28 @@ def token_box(
         buddies: (R + 1,) int, the image's buddy patches (-1: unknown), or None when the index has none.
         position: token position in the layout.
         width, height: the image's size, pixels.
+        count: how many tokens the layout ``position`` counts in has (a query's m, or T: the default); matters
+            only for two framings ("center-crop+aspect": each framing's tokens and R + 1 buddies one after the
+            other, the central square's first, on the square grid ``nominal_grid`` over ``crop_region``).
 
     Returns:
         (x0, y0, x1, y1) float pixels (ends exclusive), or None for a CLS / register token or an unknown buddy.
     """
+    framing, region = 0, None
+    if is_two_framings(config):
+        per = (count or config.tokens_per_image) // config.framings
+        framing, position = divmod(position, per)
     cue = roi_cue(position, config.num_registers)
+    if cue is not None:
+        cue += framing * (config.num_registers + 1)
     if cue is None or buddies is None or cue >= len(buddies) or int(buddies[cue]) < 0:
         return None
-    grid = buddy_grid(config, grid, width, height)  # an "aspect" CNN: the image's own grid
+    if is_two_framings(config) and framing == 0:  # the central square: a square grid over crop_region
+        grid, region = nominal_grid(config), crop_region(config, width, height)
+    else:
+        grid = buddy_grid(config, grid, width, height)  # an "aspect" CNN: the image's own grid
     window = window_bounds(int(buddies[cue]), grid, config.roi_size, config.border)
-    return grid_box(config, grid, window, width, height)
+    return grid_box(config, grid, window, width, height, region=region)
 
 
 def patch_heatmap(query: np.ndarray, patches: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
