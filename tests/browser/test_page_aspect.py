@@ -134,3 +134,53 @@ def test_explanation_boxes_on_a_portrait_and_a_panorama(browser, aspect_index, t
             _screenshot(page.locator("#detail"), tmp_path / "explain-panorama.png")
         finally:
             page.close()
+
+
+@pytest.fixture(scope="module")
+def two_framings_index(tmp_path_factory, aspect_index) -> Path:
+    """The same four images indexed with two framings per image ("center-crop+aspect")."""
+    from conftest import build
+    from regis.models.encoder import build_encoder
+
+    index = tmp_path_factory.mktemp("two-framings-index")
+    build(aspect_index[1], index, build_encoder(frame="center-crop+aspect"))
+    return index
+
+
+def test_explanation_boxes_with_two_framings_per_image(browser, aspect_index, two_framings_index, tmp_path):
+    """Two framings per image: the central square's ROI boxes lie in the square's part of the portrait (cells of
+    its 5 x 5 grid there), the whole image's anywhere in it (cells of its own 8 x 5 grid); the page draws the boxes
+    the API gives, inside the shown image, where their pixels say."""
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.models.geometry import crop_region, image_grids, nominal_grid
+
+    folder = aspect_index[1]
+    cfg = IndexSnapshot.open(two_framings_index).manifest.encoder
+    assert cfg.frame == "center-crop+aspect" and cfg.tokens_per_image == 20
+    x0c, y0c, x1c, y1c = crop_region(cfg, 284, 427)
+    assert (x0c, x1c) == (0.0, 284.0) and 0 < y0c < y1c < 427  # the portrait's central square
+    with _serve(["--index", str(two_framings_index)], tmp_path / "serve.log") as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        try:
+            page.goto(url)
+            page.wait_for_function("document.getElementById('status').textContent.includes('images to search')")
+            found = _explain_first(page, folder / "rocket-portrait.jpg", "rocket-portrait.jpg")
+            tokens = found["query"]["tokens"]
+            assert len(tokens) == 30
+            square = [t["box"] for t in tokens[5:10]]
+            whole = [t["box"] for t in tokens[20:25]]
+            side = (x1c - x0c) / nominal_grid(cfg)[1]
+            for x0, y0, x1, y1 in square:
+                assert x0c - 0.1 <= x0 < x1 <= x1c + 0.1 and y0c - 0.1 <= y0 < y1 <= y1c + 0.1
+                assert x1 - x0 == pytest.approx(side, abs=0.2)
+            rows, cols = image_grids(cfg, 284, 427)[1]
+            for x0, y0, x1, y1 in whole:
+                assert 0 <= x0 < x1 <= 284 and 0 <= y0 < y1 <= 427
+                assert x1 - x0 == pytest.approx(284 / cols, abs=0.2) and y1 - y0 == pytest.approx(427 / rows, abs=0.2)
+            drawn = _boxes_on_screen(page, "#qSvg", "#qImg") + _boxes_on_screen(page, "#rSvg", "#rImg")
+            assert len(drawn) >= 6
+            for d in drawn:
+                _inside(d, 284, 427)
+            _screenshot(page.locator("#detail"), tmp_path / "explain-two-framings.png")
+        finally:
+            page.close()
