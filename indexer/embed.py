@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from indexer.dataset import ImageFileDataset, collate_items
@@ -199,7 +200,11 @@ def _embed(writer: IndexWriter, encoder: RegisEncoder, jobs: list[tuple[FileEntr
     workers = options.num_workers
     if workers is None:
         workers = _default_workers(len(jobs), options.batch_size)
-    loader = DataLoader(dataset, batch_size=options.batch_size, num_workers=workers, collate_fn=collate_items)
+    # its own generator: a DataLoader draws its workers' base seed from torch's global one otherwise, and a
+    # random-init encoder built meanwhile in another thread of the service (another collection's) then got other
+    # weights than its seed gives (regis.models.encoder._random_model; found by scripts/soak.py)
+    loader = DataLoader(dataset, batch_size=options.batch_size, num_workers=workers, collate_fn=collate_items,
+                        generator=torch.Generator())
     done = total - len(jobs)
     bar = None
     if options.progress:

@@ -200,3 +200,18 @@ def test_random_init_gives_the_same_weights_when_another_build_runs_meanwhile(mo
     first.join(60)
     second.join(60)
     assert built == {"first": alone, "second": alone}, (built, alone)
+
+
+def test_an_index_build_draws_nothing_from_torch_s_global_generator(tmp_path, photos_dir, tiny_encoder):
+    """The other half of the soak's finding above: the service builds an index (a job of one collection) while it
+    builds another collection's random-init encoder; the lock keeps two encoder builds apart, but the build's
+    DataLoader drew its workers' base seed from torch's global generator (without a worker in sight), so an
+    encoder built meanwhile got other weights (30 builds beside a loop of DataLoaders: 28 different weights).
+    The loader now has its own generator: a build must leave the global one as it found it."""
+    from tests.conftest import build
+
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    report = build(photos_dir, tmp_path / "index", tiny_encoder, batch_size=4)
+    assert report.added > 0
+    assert torch.equal(torch.get_rng_state(), before)
