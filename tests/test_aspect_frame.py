@@ -232,8 +232,9 @@ def test_index_build_takes_frame_and_query_layout_and_queries_follow_the_index(c
 def test_the_default_frame_is_the_measured_one():
     """New encoders keep the centre crop (docs/RESULTS.md, "Framing", issue 29): the aspect frame finds crops from
     the ends of portraits and panoramas far more often (+30 points, interval above 0) but loses heavy JPEG
-    (-11.6, interval below 0; seeds 0-2), so it does not replace the default; it is an option (--frame aspect).
-    A change of default must come with a new measurement."""
+    (-11.6, interval below 0; seeds 0-2), and so does the built two-framing layout (center-crop+aspect: +27.8 on the
+    end crops, heavy JPEG -8.5 [-14.8, -3.2]; docs/results/framing/two_framings_seed{0,1,2}.json); neither replaces
+    the default; both are options (--frame). A change of default must come with a new measurement."""
     from regis.models.encoder import DEFAULT_FRAME
 
     assert DEFAULT_FRAME == "center-crop"
