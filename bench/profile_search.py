@@ -11,6 +11,8 @@ Opens an index built by ``bench.million`` (or any regis index), runs the first `
 - ``f16_read``: reading those rows' float16 tokens (``pread``);
 - ``f16_maxsim``: their exact MaxSim and the top k;
 - ``bounded``: the bounded method's check, and its range search when one is needed;
+- ``codes_decoded`` (not part of the search; for comparison): the same candidates scored the way the searcher
+  did before issue 24's SQ4 kernel, FAISS ``sa_decode`` to float32 tokens and a torch GEMM;
 
 and ``total`` the whole ``Searcher.search`` call timed separately (so Python overhead between stages shows as
 ``total`` minus the sum). Prints the median ms of each stage and the share of the total, as JSON.
@@ -53,7 +55,8 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
     for x in q:  # warm: page cache, FAISS and torch first calls
         s.search(x, k=k)
     stages: dict[str, list[float]] = {n: [] for n in
-                                      ("faiss", "live", "codes", "f16_read", "f16_maxsim", "bounded", "total")}
+                                      ("faiss", "live", "codes", "f16_read", "f16_maxsim", "bounded", "total",
+                                                 "codes_decoded")}
     n_cand, n_rows = [], []
     for x in q:
         t = [time.perf_counter()]
@@ -78,21 +81,25 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
             if len(which):
                 s._bounded_extra(x, sims, tok, cand, float(scores[-1]), None, s.search_threads)
         t.append(time.perf_counter())
-        for name, a, b in zip(("faiss", "live", "codes", "f16_read", "f16_maxsim", "bounded"), t, t[1:],
+        for name, a, b in zip(("faiss", "live", "codes", "f16_read", "f16_maxsim", "bounded"), t[:-1], t[1:],
                               strict=True):
             stages[name].append((b - a) * 1e3)
         t0 = time.perf_counter()
         s.search(x, k=k)
         stages["total"].append((time.perf_counter() - t0) * 1e3)
+        if s.codes is not None:
+            t0 = time.perf_counter()
+            s._maxsim(x, s.codes.get(cand))
+            stages["codes_decoded"].append((time.perf_counter() - t0) * 1e3)
         n_cand.append(len(cand))
         n_rows.append(len(kept))
-    med = {n: float(np.median(v)) for n, v in stages.items()}
-    mean = {n: float(np.mean(v)) for n, v in stages.items()}
+    med = {n: float(np.median(v)) for n, v in stages.items() if v}
+    mean = {n: float(np.mean(v)) for n, v in stages.items() if v}
     out = {"index": str(index), "images": len(snap.store), "spec": snap.manifest.faiss.spec,
            "token_store": snap.manifest.token_store.spec, "refine": s.refine, "refine_share": s.refine_share,
            "candidates_mean": float(np.mean(n_cand)), "f16_rows_mean": float(np.mean(n_rows)),
            "median_ms": med, "mean_ms": mean,
-           "share_of_total_mean": {n: mean[n] / mean["total"] for n in mean if n != "total"}}
+           "share_of_total_mean": {n: mean[n] / mean["total"] for n in mean if n not in ("total", "codes_decoded")}}
     snap.close()
     return out
 
