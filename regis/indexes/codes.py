@@ -74,7 +74,7 @@ def default_store(dim: int) -> str:
     exact top 10 below the 40th candidate (recall@10 0.971), below the 80th none (1.000). The share: at a million
     images a query has ~860 candidates and SQ4's ordering of so many close images put some of the exact top 10
     below the 80th (recall@10 0.967), below the 320th almost none (0.994; BENCHMARKS.md section 9); at 100k
-    (~190 candidates) 0.4 x candidates stays under 80, so smaller collections re-score what they did before.
+    (~100 first-round candidates) 0.4 x candidates is under 80 for most queries: p50 as with refine 8 alone.
 
     Why (BENCHMARKS.md section 9): at a million images of 256-d tokens the float16 tokens (5 KB per image) cannot
     stay resident within 4 KB per image, and need not: the re-scoring reads 80 rows per query from disk (``python
