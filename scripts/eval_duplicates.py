@@ -284,6 +284,13 @@ TOKEN_GRID = {
 # stage 3: the verification gate, the highest that costs at most VERIFY_GATE_LOSS of the objective
 VERIFY_FLOORS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80]
 VERIFY_GATE_LOSS = 0.002
+# stage 4: the template search's crop rule (regis.duplicates.template), then its gate like stage 3
+TEMPLATE_GRID = {
+    "template_ncc": [round(x, 3) for x in np.arange(0.70, 0.976, 0.025)],
+    "template_margin": [0.0, 0.05, 0.10, 0.15, 0.20, 0.30],
+    "template_max_area": [0.75, 0.85, 0.95],
+}
+TEMPLATE_FLOORS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70]
 PLATEAU = 0.002  # settings within this of the best objective form its plateau
 
 
@@ -335,13 +342,27 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
         if got is not None and ref is not None and got >= ref - VERIFY_GATE_LOSS:
             gate = v
     cfg = cfg.model_copy(update={"verify_floor": gate})
+    chosen4, facts4 = _search(ev, cfg, TEMPLATE_GRID)
+    cfg = cfg.model_copy(update=chosen4)
+    ref4 = _score(ev, cfg)
+    t_gate, t_tried = None, {}
+    for v in TEMPLATE_FLOORS:  # the highest template gate whose objective stays within VERIFY_GATE_LOSS
+        got = _score(ev, cfg.model_copy(update={"template_floor": v}))
+        t_tried[str(v)] = {"objective": got, "located_fraction": located_fraction(ev.table, cfg, v)}
+        if got is not None and ref4 is not None and got >= ref4 - VERIFY_GATE_LOSS:
+            t_gate = v
+    cfg = cfg.model_copy(update={"template_floor": t_gate})
     return cfg, {"geometry": facts1, "tokens": facts2,
                  "verify_floor": {"objective_without": ref, "tried": tried, "chosen": gate,
-                                  "max_loss": VERIFY_GATE_LOSS}}
+                                  "max_loss": VERIFY_GATE_LOSS},
+                 "template": facts4,
+                 "template_floor": {"objective_without": ref4, "tried": t_tried, "chosen": t_gate,
+                                    "max_loss": VERIFY_GATE_LOSS}}
 
 
 ABLATIONS = {"verify_floor": {"verify_floor": None}, "token_edited_verified": {"token_edited_verified": None},
-             "both": {"verify_floor": None, "token_edited_verified": None}}
+             "both": {"verify_floor": None, "token_edited_verified": None},
+             "template": {"template_ncc": None}, "template_floor": {"template_floor": None}}
 
 
 def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
@@ -353,7 +374,8 @@ def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
         m = pair_metrics(ev, relation, container, cfg)
         out[name] = {"edited_true": m["edited"]["true"], "edited_false": m["edited"]["false"],
                      "edited_recall": m["edited"]["recall"], "crops_right": m["crops"]["direction_right"],
-                     "crops_right_of_all": m["crops"]["direction_right_of_all"]}
+                     "crops_right_of_all": m["crops"]["direction_right_of_all"],
+                     "scene_called_duplicates": m["scene"]["called_duplicates"]}
     return out
 
 
@@ -363,6 +385,17 @@ def verified_fraction(table: PairTable, cfg: DuplicateConfig, verify_floor: floa
     cand = (s_hi >= cfg.floor) & ~table.exact
     gate = -2.0 if verify_floor is None else verify_floor
     return float((cand & (s_hi >= gate)).sum() / max(1, cand.sum()))
+
+
+def located_fraction(table: PairTable, cfg: DuplicateConfig, template_floor: float | None) -> float:
+    """The fraction of candidate pairs (at or above ``cfg.floor``, not exact) a run would search by template with
+    this gate (verified-gated, fewer than ``min_inliers`` inliers, file readable)."""
+    s_hi = np.maximum(table.s_ab, table.s_ba)
+    cand = (s_hi >= cfg.floor) & ~table.exact
+    gate = max(-2.0 if cfg.verify_floor is None else cfg.verify_floor,
+               -2.0 if template_floor is None else template_floor)
+    want = cand & (s_hi >= gate) & table.files & (table.inliers < cfg.min_inliers)
+    return float(want.sum() / max(1, cand.sum()))
 
 
 def main() -> None:
@@ -383,7 +416,8 @@ def main() -> None:
 
     labelled, splits, index = make_set(args)
     snapshot = IndexSnapshot.open(index)
-    run_cfg = DuplicateConfig(floor=RUN_FLOOR, neighbours=RUN_NEIGHBOURS)
+    # template search on every pair with fewer inliers than the grid's highest min_inliers (then filtered)
+    run_cfg = DuplicateConfig(floor=RUN_FLOOR, neighbours=RUN_NEIGHBOURS, min_inliers=max(GRID["min_inliers"]))
     t = time.time()
     run = update_pairs(snapshot, run_cfg, threads=None)
     print(f"pairs: {len(run.stored.table)} candidates ({run.searched} images searched) in {time.time() - t:.0f} s;"
@@ -404,10 +438,12 @@ def main() -> None:
     results = {s: measure(ev, config) for s, ev in evals.items()}
     for split, ev in evals.items():
         results[split]["verified_fraction"] = verified_fraction(ev.table, config, config.verify_floor)
+        results[split]["located_fraction"] = located_fraction(ev.table, config, config.template_floor)
         results[split]["without"] = ablations(ev, config)
     out = {"command": " ".join(sys.argv), "set": args.set, "seed": args.seed, "backbone": args.backbone,
            "images": len(labelled.items), "run": {"candidate_pairs": len(table), "timings_ms": run.timings_ms,
-                                                  "verification": run.stored.settings.get("verification")},
+                                                  "verification": run.stored.settings.get("verification"),
+                                                  "template_added": run.stored.settings.get("template_added")},
            "config": config.model_dump(exclude={"calibration"}), "calibration_search": search,
            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "splits": results}

@@ -38,6 +38,15 @@ class PairGeometry(BaseModel):
     b_region_in_a: list[list[float]] = Field(description="b's corners in a, as fractions of a's width and height")
 
 
+class PairTemplate(BaseModel):
+    """Template search: one image, scaled, slid over the other (both ways), normalised cross correlation."""
+
+    a_in_b_ncc: float = Field(description="best correlation of a found inside b (1: a is a window of b)")
+    b_in_a_ncc: float = Field(description="best correlation of b found inside a")
+    window: list[float] = Field(description="the better direction's window (x0, y0, x1, y1) in the other image, as "
+                                            "fractions of its width and height")
+
+
 class DuplicatePair(BaseModel):
     """Two images and how they relate."""
 
@@ -53,6 +62,8 @@ class DuplicatePair(BaseModel):
     verified: bool = Field(description="the relation comes from the geometry (false: from the token scores alone: no "
                                        "file to read, or too few consistent matches)")
     geometry: PairGeometry | None
+    template: PairTemplate | None = Field(None, description="the template search, run on pairs the geometry did not "
+                                                            "verify (a crop of a small image); null when not run")
     explanation: dict | None = Field(description="with explain=true: a_to_b and b_to_a, the token explanation of each "
                                                   "direction as POST /v1/search?explain=true gives it (which token of "
                                                   "one image each token of the other matched, ROI boxes), and "

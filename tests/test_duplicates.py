@@ -417,3 +417,73 @@ def test_stored_pairs_are_reused_only_when_they_were_verified_at_or_below_the_ga
     monkeypatch.setattr(store, "latest", lambda index_dir, version: SimpleNamespace(version=3,
                                                                                      settings={"candidates": old}))
     assert finder._reusable(snapshot, DuplicateConfig(floor=0.35, verify_floor=0.4), full=False) is not None
+
+
+# ------------------------------------------------------------------ template search (crops of small images)
+def test_template_rule_calls_crops_verification_missed():
+    cfg = DuplicateConfig(floor=0.45, min_inliers=15, token_edited=0.97, token_scene=0.75, verify_floor=0.5,
+                          template_ncc=0.85, template_margin=0.1, template_max_area=0.85)
+    box = [0.1, 0.2, 0.5, 0.6]  # 16 % of the container
+    t = _table([
+        dict(a=0, b=1, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.95, ncc_ba=0.5, box=box),   # 0 lies in 1
+        dict(a=0, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.4, ncc_ba=0.93, box=box),   # 2 lies in 0
+        dict(a=0, b=3, s_ab=0.6, s_ba=0.8, located=True, ncc_ab=0.95, ncc_ba=0.9, box=box),   # no margin: scene
+        dict(a=0, b=4, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.95, ncc_ba=0.2,
+             box=[0.0, 0.0, 1.0, 0.95]),                                                        # a whole frame
+        dict(a=0, b=5, s_ab=0.46, s_ba=0.47, located=True, ncc_ab=0.95, ncc_ba=0.2, box=box),  # under the gate
+        dict(a=0, b=6, s_ab=0.6, s_ba=0.6, located=False, ncc_ab=0.95, ncc_ba=0.2, box=box),  # not searched
+        dict(a=0, b=7, s_ab=0.6, s_ba=0.6, inliers=90, cover_a=0.99, cover_b=0.97,            # verified copy
+             located=True, ncc_ab=0.95, ncc_ba=0.2, box=box),
+    ])
+    relation, container = rel.classify(t, cfg)
+    assert relation.tolist() == [rel.CROP, rel.CROP, rel.SCENE, rel.NONE, rel.NONE, rel.NONE, rel.EDITED]
+    assert container.tolist()[:2] == [1, 0]
+    assert rel.classify(t, cfg.with_overrides({"template_ncc": None}))[0][:2].tolist() == [rel.NONE, rel.NONE]
+
+
+def test_pairs_stored_before_the_template_search_load_unsearched_and_are_selected(tmp_path):
+    from regis.duplicates import finder, store
+
+    t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6, files=True),                # unverified: search it
+                dict(a=0, b=2, s_ab=0.6, s_ba=0.6, files=True, inliers=90),    # verified: no need
+                dict(a=0, b=3, s_ab=0.3, s_ba=0.35, files=True)])              # under the gate
+    arrays = {k: v for k, v in t.arrays().items() if k not in ("located", "ncc_ab", "ncc_ba", "box")}
+    path = store._file(tmp_path, 4)
+    path.parent.mkdir(parents=True)
+    np.savez(path, searched=np.arange(4), sha256=np.array([b"x"] * 4, "S64"), settings=np.array("{}"), **arrays)
+    got = store.load(tmp_path, 4).table
+    assert not got.located.any() and got.box.shape == (3, 4)
+    cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4)
+    assert finder.to_locate(got, cfg).tolist() == [0]
+    assert finder.to_locate(got, cfg.with_overrides({"template": False})).tolist() == []
+
+
+def _small_photo_and_crop(photos_dir, name: str, box: tuple[float, float, float, float], scale: float):
+    """A real photo reduced to a small one (longest side 240 px), and a crop of it (``box``: fractions), rescaled
+    by ``scale`` and saved as JPEG q80, as thumbnails (``template.thumbnail``) of their ORB copies."""
+    from regis.duplicates.geometry import local_features
+
+    img = Image.open(photos_dir / name).convert("RGB")
+    img.thumbnail((240, 240))
+    w, h = img.size
+    crop = img.crop((round(box[0] * w), round(box[1] * h), round(box[2] * w), round(box[3] * h)))
+    crop = crop.resize((max(1, round(crop.width * scale)), max(1, round(crop.height * scale))))
+    files = []
+    for im in (img, crop):
+        buf = io.BytesIO()
+        im.save(buf, format="JPEG", quality=80)
+        files.append(local_features(buf.getvalue()))
+    return files
+
+
+@pytest.mark.parametrize("name", ["skimage-coffee.png", "skimage-chelsea.png", "skimage-astronaut.png"])
+def test_template_search_finds_a_small_crop_and_its_container(photos_dir, name):
+    from regis.duplicates.template import locate
+
+    photo, crop = _small_photo_and_crop(photos_dir, name, (0.2, 0.3, 0.6, 0.7), 0.7)  # 16 % of the area
+    found = locate(crop.thumb, photo.thumb)
+    assert found.ncc_ab >= 0.9 and found.ncc_ab - found.ncc_ba >= 0.2, found
+    assert np.allclose(found.box, [0.2, 0.3, 0.6, 0.7], atol=0.04), found.box
+    other, _ = _small_photo_and_crop(photos_dir, "skimage-rocket.jpg", (0, 0, 1, 1), 1.0)  # another photo
+    unrelated = locate(crop.thumb, other.thumb)
+    assert max(unrelated.ncc_ab, unrelated.ncc_ba) < 0.8, unrelated

@@ -53,6 +53,17 @@ class DuplicateConfig(BaseModel):
             corners plus a small crop, leaves an edited copy's frame only partly covered; None: off).
         Anything else verified is the same scene (shared, shifted content).
 
+    Template search (``regis.duplicates.template``), of the gated pairs verification did not verify (fewer than
+    ``min_inliers`` inliers): one image, scaled, slid over the other, both ways:
+        template: run it (a pair table stored without it is searched on the next run).
+        template_floor: ... only on pairs whose MaxSim per token reaches this in either direction (None: every
+            pair verification left unverified; the calibration picks it, as ``verify_floor``).
+        template_ncc: a crop when the better direction's normalised cross correlation is at least this ...
+        template_margin: ... and at least this above the other direction's (the container is not found in the
+            crop) ...
+        template_max_area: ... and the crop's window covers at most this fraction of its container (more: a
+            whole frame, not a crop). None (``template_ncc``): off.
+
     Relations of a pair that could not be verified (no file, or too few consistent matches):
         token_edited: an edited copy when the MaxSim per token is at least this in both directions.
         token_scene: otherwise the same scene when it is at least this in either direction; below: not reported.
@@ -77,6 +88,11 @@ class DuplicateConfig(BaseModel):
     edited_max_cover: float = Field(0.95, ge=0.0, le=1.0)
     crop_cover: float = Field(0.90, ge=0.0, le=1.0)
     token_edited_verified: float | None = Field(None, ge=-1.0, le=1.0)
+    template: bool = True
+    template_floor: float | None = Field(None, ge=-1.0, le=1.0)
+    template_ncc: float | None = Field(None, ge=-1.0, le=1.0)
+    template_margin: float = Field(0.1, ge=0.0, le=2.0)
+    template_max_area: float = Field(0.85, ge=0.0, le=1.0)
     token_edited: float = Field(0.97, ge=-1.0, le=1.0)
     token_scene: float = Field(0.75, ge=-1.0, le=1.0)
     exact_tokens: float = Field(0.97, ge=0.0, le=1.0)

@@ -12,6 +12,9 @@ incremental from the pairs stored with an earlier version.
 4. new pairs whose token scores reach ``verify_floor`` are verified geometrically (``regis.duplicates.geometry``)
    when both files can be read, on ``workers`` threads (OpenCV and FAISS release the GIL); each image's features
    are computed once into a bounded cache, the pairs taken in an order that keeps pairs of one image together;
+   those it does not verify (fewer than ``min_inliers`` inliers) get the template search
+   (``regis.duplicates.template``) from the same cached images; stored pairs that never had it (a file written
+   before it existed) get it on the next run;
 5. the table is stored with this version.
 """
 
@@ -32,6 +35,7 @@ from regis.duplicates.config import AT_MOST_FIELDS, DuplicateConfig
 from regis.duplicates.geometry import LocalFeatures, features_or_none, verify_pair
 from regis.duplicates.selfjoin import self_join
 from regis.duplicates.store import PairTable, StoredPairs
+from regis.duplicates.template import locate
 from regis.errors import ImageDecodeError
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
@@ -213,36 +217,70 @@ def locality_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.lexsort((hi, lo)).astype(np.int64)
 
 
+def to_locate(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
+    """Rows of an already verified table that still need the template search: searched by a run, files
+    readable, gated like ``to_verify``, not verified (fewer than ``min_inliers`` inliers), never searched."""
+    if not (config.verify and config.template):
+        return np.zeros(0, dtype=np.int64)
+    want = np.zeros(len(pairs), dtype=bool)
+    want[to_verify(pairs, config)] = True
+    if config.template_floor is not None:
+        want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.template_floor
+    return np.flatnonzero(want & pairs.files & ~pairs.located & (pairs.inliers < config.min_inliers))
+
+
 def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig,
-            workers: int, progress: Progress | None) -> dict:
-    """Verify the rows ``to_verify`` selects geometrically, in place (``regis.duplicates.geometry.verify_pair``);
-    returns counts and times: {"pairs_verified", "features_computed", "images", "features_ms", "match_ms"}."""
-    rows_all = to_verify(pairs, config)
+            workers: int, progress: Progress | None, rows_all: np.ndarray | None = None,
+            match: bool = True) -> dict:
+    """Verify ``rows_all`` (default: the rows ``to_verify`` selects) geometrically, in place
+    (``regis.duplicates.geometry.verify_pair``; ``match`` False: only the template search), and search the ones
+    it leaves unverified by template (``config.template``); returns counts and wall times: {"pairs_verified",
+    "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}."""
+    rows_all = to_verify(pairs, config) if rows_all is None else rows_all
     order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
     feats = _Features(records, resolve, config)
-    match_s = 0.0
+    spent = {"match": 0.0, "locate": 0.0}
+    located = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for start in range(0, len(order), VERIFY_CHUNK):
             rows = order[start:start + VERIFY_CHUNK]
             got = feats.many([int(x) for r in rows for x in (pairs.a[r], pairs.b[r])], pool)
-            t0 = time.perf_counter()
+            wall0, cpu = time.perf_counter(), {"match": 0.0, "locate": 0.0}
 
             def one(r: int, got=got):
                 fa, fb = got[int(pairs.a[r])], got[int(pairs.b[r])]
-                return r, fa is not None and fb is not None, (verify_pair(fa, fb) if fa and fb else None)
+                t0 = time.perf_counter()
+                v = verify_pair(fa, fb) if match and fa and fb else None
+                t1 = time.perf_counter()
+                loc = None
+                if (config.template and fa and fb and fa.thumb is not None and fb.thumb is not None
+                        and (config.template_floor is None
+                             or max(pairs.s_ab[r], pairs.s_ba[r]) >= config.template_floor)
+                        and (v.inliers if v is not None else int(pairs.inliers[r])) < config.min_inliers):
+                    loc = locate(fa.thumb, fb.thumb)
+                return r, fa is not None and fb is not None, v, loc, t1 - t0, time.perf_counter() - t1
 
-            for r, files, v in pool.map(one, rows):
+            for r, files, v, loc, t_match, t_loc in pool.map(one, rows):
                 pairs.files[r] = files
+                cpu["match"] += t_match
+                cpu["locate"] += t_loc
                 if v is not None:
                     pairs.matches[r], pairs.inliers[r] = v.matches, v.inliers
                     pairs.cover_a[r], pairs.cover_b[r] = v.cover_a, v.cover_b
                     pairs.quad_ab[r], pairs.quad_ba[r], pairs.residual[r] = v.quad_a_in_b, v.quad_b_in_a, v.residual
-            match_s += time.perf_counter() - t0
+                if loc is not None:
+                    pairs.located[r], pairs.box[r] = True, loc.box
+                    pairs.ncc_ab[r], pairs.ncc_ba[r] = loc.ncc_ab, loc.ncc_ba
+                    located += 1
+            wall = time.perf_counter() - wall0  # the chunk's wall time, split by the threads' time in each step
+            for step in spent:
+                spent[step] += wall * cpu[step] / max(1e-12, cpu["match"] + cpu["locate"])
             if progress is not None:
                 progress("verify", min(start + VERIFY_CHUNK, len(order)), len(order))
     images = len(np.unique(np.concatenate([pairs.a[rows_all], pairs.b[rows_all]]))) if len(rows_all) else 0
-    return {"pairs_verified": int(len(rows_all)), "features_computed": feats.computed, "images": images,
-            "features_ms": feats.seconds * 1e3, "match_ms": match_s * 1e3}
+    return {"pairs_verified": int(len(rows_all)) if match else 0, "pairs_located": located,
+            "features_computed": feats.computed, "images": images, "features_ms": feats.seconds * 1e3,
+            "match_ms": spent["match"] * 1e3, "locate_ms": spent["locate"] * 1e3}
 
 
 def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: FileResolver | None = None,
@@ -273,6 +311,13 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
     with store.run_lock(snapshot.index_dir):
         prev = _reusable(snapshot, config, full)
         if prev is not None and prev.version == snapshot.version:
+            missing = to_locate(prev.table, config)
+            if len(missing) == 0:
+                return DuplicateRun.of(prev)
+            records = _live(snapshot)[2]  # pairs stored before the template search: search them, store again
+            got = _verify(prev.table, records, resolve, config, workers, progress, missing, match=False)
+            prev.settings["template_added"] = got
+            store.save(snapshot.index_dir, prev)
             return DuplicateRun.of(prev)
         ids, sha, records = _live(snapshot)
         if prev is not None:
@@ -283,6 +328,9 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
             query = ids[~kept]
         else:
             old, query = PairTable.empty(), ids
+        missing = to_locate(old, config)
+        if len(missing):  # kept pairs stored before the template search
+            _verify(old, records, resolve, config, workers, progress, missing, match=False)
         t1 = time.perf_counter()
         cand = self_join(snapshot, query, floor=config.floor, neighbours=config.neighbours, depth=config.depth,
                          threads=threads, progress=(lambda d, n: progress("search", d, n)) if progress else None)

@@ -53,11 +53,14 @@ class LocalFeatures:
         points: (n, 2) float32 keypoint positions, normalised to [0, 1] by the image's width and height.
         descriptors: (n, 32) uint8 ORB descriptors (n may be 0).
         size: (width, height) of the copy the features were taken on, pixels.
+        thumb: (h, w) float32 grey copy, longest side at most ``template.THUMB_SIDE`` px, for the template search
+            (``regis.duplicates.template``); None when not made.
     """
 
     points: np.ndarray
     descriptors: np.ndarray
     size: tuple[int, int]
+    thumb: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,13 @@ def local_features(source, max_side: int = DEFAULT_MAX_SIDE, n_features: int = D
         n_features: keypoints kept (the strongest).
 
     Returns:
-        ``LocalFeatures`` (possibly with no keypoints: a flat image).
+        ``LocalFeatures`` (possibly with no keypoints: a flat image), with its grey thumbnail.
 
     Raises:
         ImageDecodeError: the file or bytes are not a decodable image.
     """
+    from regis.duplicates.template import thumbnail
+
     cv2 = _cv2()
     img = source if hasattr(source, "convert") else load_gray(source, max_side)
     arr = np.asarray(img.convert("L"))
@@ -128,7 +133,7 @@ def local_features(source, max_side: int = DEFAULT_MAX_SIDE, n_features: int = D
     points = np.array([k.pt for k in keypoints], dtype=np.float32).reshape(-1, 2) / np.array([w, h], np.float32)
     if descriptors is None:
         descriptors = np.zeros((0, 32), dtype=np.uint8)
-    return LocalFeatures(points, descriptors, (w, h))
+    return LocalFeatures(points, descriptors, (w, h), thumbnail(img))
 
 
 def _frame(size: tuple[int, int]) -> np.ndarray:

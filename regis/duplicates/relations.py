@@ -13,6 +13,10 @@ Rules, in order:
    its MaxSim per token is at least ``token_edited_verified`` both ways; else
    ``crop`` when one frame lies at least ``crop_cover`` inside the other (that one is the crop); else
    ``same_scene`` (they share part of the view, shifted: another shot).
+2b. A pair that is neither an edited copy nor a crop by rule 2 (unverified, or verified as the same scene) and
+   whose template search (``regis.duplicates.template``) found one image inside the other: ``crop`` when the better
+   direction's NCC is at least ``template_ncc``, beats the other direction by ``template_margin``, and its window
+   covers at most ``template_max_area`` of the container (the image found is the crop).
 3. An unverified pair (no file to read, too few consistent matches, or token scores below ``verify_floor``, so
    not verified): ``edited_copy`` when the MaxSim per token is at least ``token_edited`` both ways;
    ``same_scene`` when it is at least ``token_scene`` either way; else none (the pair is dropped).
@@ -65,16 +69,32 @@ def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
     scene = verified & ~edited & ~crop
     t_edited = ~verified & (s_lo >= config.token_edited)
     t_scene = ~verified & ~t_edited & (s_hi >= config.token_scene)
+    t_crop = template_crops(table, config) & ~edited & ~crop & ~t_edited & ~table.exact
     rel[scene | t_scene] = SCENE
-    rel[crop] = CROP
+    rel[crop | t_crop] = CROP
     rel[edited | t_edited] = EDITED
     rel[table.exact] = EXACT
     rel[(s_hi < config.floor) & ~table.exact] = NONE  # pairs stored with a lower floor than this call's
     # a crop lies inside its container: cover_a >= cover_b means a is inside b, so b contains a (MaxSim's
     # asymmetry does not say it: on the labelled set the higher direction named the container of 0.51-0.63 of the
     # crop pairs, so no crop is called without verification)
-    container = np.where(rel == CROP, np.where(table.cover_a >= table.cover_b, table.b, table.a), -1)
+    inner_a = np.where(t_crop, table.ncc_ab > table.ncc_ba, table.cover_a >= table.cover_b)
+    container = np.where(rel == CROP, np.where(inner_a, table.b, table.a), -1)
     return rel, container.astype(np.int64)
+
+
+def template_crops(table, config: DuplicateConfig) -> np.ndarray:
+    """(p,) bool: pairs whose template search says one image is a crop of the other (rule 2b; all False when
+    ``template_ncc`` is None)."""
+    if config.template_ncc is None:
+        return np.zeros(len(table), dtype=bool)
+    hi = np.maximum(table.ncc_ab, table.ncc_ba)
+    margin = np.abs(table.ncc_ab - table.ncc_ba)
+    area = (table.box[:, 2] - table.box[:, 0]) * (table.box[:, 3] - table.box[:, 1])
+    gate = max(-2.0 if config.verify_floor is None else config.verify_floor,
+               -2.0 if config.template_floor is None else config.template_floor)
+    gated = table.located & (np.maximum(table.s_ab, table.s_ba) >= gate)
+    return gated & (hi >= config.template_ncc) & (margin >= config.template_margin) & (area <= config.template_max_area)
 
 
 def describe(relation: int, a: int, b: int, container: int, cover_a: float, cover_b: float, verified: bool) -> str:

@@ -59,9 +59,19 @@ def _quad(q: np.ndarray) -> list[list[float]]:
 
 
 def pair_json(table: PairTable, row: int, relation: int, container: int, config: DuplicateConfig) -> dict:
-    """One pair: relation, words, scores both ways, geometry (null when not verified)."""
+    """One pair: relation, words, scores both ways, geometry (null when not verified), template search (null when
+    not run: ``regis.duplicates.template``; ``window``: the crop's box in its container, normalised)."""
     a, b = int(table.a[row]), int(table.b[row])
     verified = bool(rel.is_verified(table.take([row]), config)[0])
+    covers = float(table.cover_a[row]), float(table.cover_b[row])
+    template = None
+    if table.located[row]:
+        box = table.box[row]
+        template = {"a_in_b_ncc": round(float(table.ncc_ab[row]), 4), "b_in_a_ncc": round(float(table.ncc_ba[row]), 4),
+                    "window": [round(float(x), 4) for x in box]}
+        if relation == rel.CROP and not verified:  # a crop found by the template search: its window's area
+            area = float((box[2] - box[0]) * (box[3] - box[1]))
+            covers = (area, area)
     geometry = None
     if verified:
         geometry = {"matches": int(table.matches[row]), "inliers": int(table.inliers[row]),
@@ -70,10 +80,9 @@ def pair_json(table: PairTable, row: int, relation: int, container: int, config:
     return {
         "a": a, "b": b, "relation": rel.NAMES[int(relation)],
         "contains": int(container) if container >= 0 else None,
-        "words": rel.describe(int(relation), a, b, int(container), float(table.cover_a[row]),
-                              float(table.cover_b[row]), verified),
+        "words": rel.describe(int(relation), a, b, int(container), covers[0], covers[1], verified),
         "scores": {"a_to_b": round(float(table.s_ab[row]), 4), "b_to_a": round(float(table.s_ba[row]), 4)},
-        "verified": verified, "geometry": geometry, "explanation": None,
+        "verified": verified, "geometry": geometry, "template": template, "explanation": None,
     }
 
 

@@ -45,6 +45,10 @@ class PairTable:
         quad_ab, quad_ba: (p, 4, 2) float32 each frame's corners in the other's frame, normalised to [0, 1].
         residual: float32 median inlier reprojection error / longer side.
         files: bool, both images' files could be read (verification was possible).
+        located: bool, the template search ran on the pair (``regis.duplicates.template``; pairs stored before it
+            existed read as False, and a later run searches the ones its config selects).
+        ncc_ab, ncc_ba: float32 best normalised cross correlation of a found inside b, of b inside a (0: not run).
+        box: (p, 4) float32 the better direction's window (x0, y0, x1, y1) in its container, normalised.
     """
 
     a: np.ndarray
@@ -60,6 +64,10 @@ class PairTable:
     quad_ba: np.ndarray
     residual: np.ndarray
     files: np.ndarray
+    located: np.ndarray
+    ncc_ab: np.ndarray
+    ncc_ba: np.ndarray
+    box: np.ndarray
 
     @classmethod
     def empty(cls, p: int = 0) -> PairTable:
@@ -67,7 +75,8 @@ class PairTable:
         return cls(np.zeros(p, np.int64), np.zeros(p, np.int64), np.zeros(p, np.float32), np.zeros(p, np.float32),
                    np.zeros(p, bool), np.zeros(p, np.int32), np.zeros(p, np.int32), np.zeros(p, np.float32),
                    np.zeros(p, np.float32), np.zeros((p, 4, 2), np.float32), np.zeros((p, 4, 2), np.float32),
-                   np.zeros(p, np.float32), np.zeros(p, bool))
+                   np.zeros(p, np.float32), np.zeros(p, bool), np.zeros(p, bool), np.zeros(p, np.float32),
+                   np.zeros(p, np.float32), np.zeros((p, 4), np.float32))
 
     def __len__(self) -> int:
         return len(self.a)
@@ -149,7 +158,9 @@ def load(index_dir: Path | str, version: int) -> StoredPairs | None:
     path = _file(index_dir, version)
     try:
         with np.load(path, allow_pickle=False) as z:
-            table = PairTable(**{f.name: z[f.name] for f in fields(PairTable)})
+            blank = PairTable.empty(len(z["a"]))  # fields a file written before them lacks: not computed
+            table = PairTable(**{f.name: z[f.name] if f.name in z.files else getattr(blank, f.name)
+                                 for f in fields(PairTable)})
             return StoredPairs(version, table, z["searched"], z["sha256"], json.loads(str(z["settings"])))
     except (OSError, ValueError, KeyError):
         return None
