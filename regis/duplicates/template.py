@@ -23,6 +23,7 @@ STEPS = 20  # scales tried, geometric from MIN_FRACTION to 1
 MIN_FRACTION = 0.25  # the smallest scale: the crop's side at 0.25 of the container's (an area of ~6 %)
 MIN_TEMPLATE = 12  # pixels: templates with a shorter side are not tried
 MIN_STD = 4.0  # grey levels: flat templates (a single colour) are not tried: their correlation means nothing
+REFINE = 3  # scales searched again at full size: the best of the coarse pass (at half size)
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,24 @@ def thumbnail(gray) -> np.ndarray:
     return arr
 
 
-def search(small: np.ndarray, big: np.ndarray) -> tuple[float, np.ndarray]:
-    """The best NCC of ``small`` scaled inside ``big``, over ``STEPS`` scales.
+def _peak(cv2, small: np.ndarray, big: np.ndarray, f: float, min_side: int) -> tuple[float, np.ndarray] | None:
+    """NCC peak of ``small`` at scale ``f`` (its fitting side at ``f`` of big's) in ``big``; None: not tried."""
+    H, W = big.shape
+    hs, ws = small.shape
+    k = f * min(W / ws, H / hs)  # the template's scale: at f = 1 it fills one of big's dimensions
+    wt, ht = int(round(ws * k)), int(round(hs * k))
+    if min(wt, ht) < min_side or wt > W or ht > H:
+        return None
+    t = cv2.resize(small, (wt, ht), interpolation=cv2.INTER_AREA)
+    if float(t.std()) < MIN_STD:
+        return None
+    _, peak, _, (x, y) = cv2.minMaxLoc(cv2.matchTemplate(big, t, cv2.TM_CCOEFF_NORMED))
+    return float(peak), np.array([x / W, y / H, (x + wt) / W, (y + ht) / H], np.float32)
+
+
+def search(small: np.ndarray, big: np.ndarray, coarse: bool = True) -> tuple[float, np.ndarray]:
+    """The best NCC of ``small`` scaled inside ``big``, over ``STEPS`` scales: every scale at half size, then the
+    ``REFINE`` best at full size (``coarse`` False: every scale at full size).
 
     Args:
         small, big: (h, w) float32 grey thumbnails (``thumbnail``).
@@ -65,20 +82,16 @@ def search(small: np.ndarray, big: np.ndarray) -> tuple[float, np.ndarray]:
     import cv2
 
     cv2.setNumThreads(1)
-    H, W = big.shape
-    hs, ws = small.shape
+    scales = np.geomspace(MIN_FRACTION, 1.0, STEPS)
+    if coarse:
+        half = cv2.resize(big, (max(1, big.shape[1] // 2), max(1, big.shape[0] // 2)), interpolation=cv2.INTER_AREA)
+        got = [(p[0], f) for f in scales if (p := _peak(cv2, small, half, f, MIN_TEMPLATE // 2)) is not None]
+        scales = [f for _, f in sorted(got, reverse=True)[:REFINE]]
     best, box = -1.0, np.zeros(4, np.float32)
-    for f in np.geomspace(MIN_FRACTION, 1.0, STEPS):
-        k = f * min(W / ws, H / hs)  # the template's scale: at f = 1 it fills one of big's dimensions
-        wt, ht = int(round(ws * k)), int(round(hs * k))
-        if min(wt, ht) < MIN_TEMPLATE or wt > W or ht > H:
-            continue
-        t = cv2.resize(small, (wt, ht), interpolation=cv2.INTER_AREA)
-        if float(t.std()) < MIN_STD:
-            continue
-        _, peak, _, (x, y) = cv2.minMaxLoc(cv2.matchTemplate(big, t, cv2.TM_CCOEFF_NORMED))
-        if peak > best:
-            best, box = float(peak), np.array([x / W, y / H, (x + wt) / W, (y + ht) / H], np.float32)
+    for f in scales:
+        p = _peak(cv2, small, big, f, MIN_TEMPLATE)
+        if p is not None and p[0] > best:
+            best, box = p
     return best, box
 
 
