@@ -327,8 +327,9 @@ def _search(ev: Evaluation, base: DuplicateConfig, grid: dict) -> tuple[dict, di
 
 
 def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, dict]:
-    """Three stages on one split: ``GRID`` (geometry and floors), ``TOKEN_GRID`` (token rules, the rest fixed),
-    then the verification gate; returns the chosen config and each stage's facts."""
+    """Five stages on one split: ``GRID`` (geometry and floors), ``TOKEN_GRID`` (token rules, the rest fixed),
+    the verification gate, ``TEMPLATE_GRID`` (the template search's crop rule) and its gate, then the verification
+    ceiling (lossless); returns the chosen config and each stage's facts."""
     chosen1, facts1 = _search(ev, base, GRID)
     cfg = base.model_copy(update=chosen1)
     chosen2, facts2 = _search(ev, cfg, TOKEN_GRID)
@@ -352,7 +353,14 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
         if got is not None and ref4 is not None and got >= ref4 - VERIFY_GATE_LOSS:
             t_gate = v
     cfg = cfg.model_copy(update={"template_floor": t_gate})
-    return cfg, {"geometry": facts1, "tokens": facts2,
+    # stage 5: pairs the tokens make edited copies whatever verification says are not verified (lossless)
+    ceiling = (cfg.token_edited if cfg.token_edited_verified is not None
+               and cfg.token_edited_verified <= cfg.token_edited else None)
+    before = _score(ev, cfg)
+    cfg = cfg.model_copy(update={"verify_ceiling": ceiling})
+    return cfg, {"verify_ceiling": {"chosen": ceiling, "objective_before": before, "objective_after": _score(ev, cfg),
+                                    "verified_fraction_after": verified_fraction(ev.table, cfg, cfg.verify_floor)},
+                 "geometry": facts1, "tokens": facts2,
                  "verify_floor": {"objective_without": ref, "tried": tried, "chosen": gate,
                                   "max_loss": VERIFY_GATE_LOSS},
                  "template": facts4,
@@ -362,7 +370,8 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
 
 ABLATIONS = {"verify_floor": {"verify_floor": None}, "token_edited_verified": {"token_edited_verified": None},
              "both": {"verify_floor": None, "token_edited_verified": None},
-             "template": {"template_ncc": None}, "template_floor": {"template_floor": None}}
+             "template": {"template_ncc": None}, "template_floor": {"template_floor": None},
+             "verify_ceiling": {"verify_ceiling": None}}
 
 
 def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
@@ -384,7 +393,8 @@ def verified_fraction(table: PairTable, cfg: DuplicateConfig, verify_floor: floa
     s_hi = np.maximum(table.s_ab, table.s_ba)
     cand = (s_hi >= cfg.floor) & ~table.exact
     gate = -2.0 if verify_floor is None else verify_floor
-    return float((cand & (s_hi >= gate)).sum() / max(1, cand.sum()))
+    below = (np.minimum(table.s_ab, table.s_ba) < cfg.verify_ceiling) if cfg.verify_ceiling is not None else True
+    return float((cand & (s_hi >= gate) & below).sum() / max(1, cand.sum()))
 
 
 def located_fraction(table: PairTable, cfg: DuplicateConfig, template_floor: float | None) -> float:

@@ -487,3 +487,26 @@ def test_template_search_finds_a_small_crop_and_its_container(photos_dir, name):
     other, _ = _small_photo_and_crop(photos_dir, "skimage-rocket.jpg", (0, 0, 1, 1), 1.0)  # another photo
     unrelated = locate(crop.thumb, other.thumb)
     assert max(unrelated.ncc_ab, unrelated.ncc_ba) < 0.8, unrelated
+
+
+def test_verification_ceiling_skips_pairs_the_tokens_decide(monkeypatch):
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder, store
+
+    cfg = DuplicateConfig(floor=0.35, verify_floor=0.4, token_edited=0.97, token_edited_verified=0.97,
+                          verify_ceiling=0.97, min_inliers=15, edited_min_cover=0.8, edited_max_cover=0.95)
+    t = _table([dict(a=0, b=1, s_ab=0.98, s_ba=0.99, inliers=90, cover_a=1.0, cover_b=0.3),  # tokens: a copy
+                dict(a=0, b=2, s_ab=0.98, s_ba=0.90, inliers=90, cover_a=1.0, cover_b=0.3),  # one way below: crop
+                dict(a=0, b=3, s_ab=0.5, s_ba=0.5)])
+    assert finder.to_verify(t, cfg).tolist() == [1, 2]
+    off = cfg.with_overrides({"verify_ceiling": None})
+    assert rel.classify(t, cfg)[0].tolist() == rel.classify(t, off)[0].tolist() == [rel.EDITED, rel.CROP, rel.NONE]
+    snapshot = SimpleNamespace(index_dir="unused", version=3)
+    for have, want, reused in [(None, 0.97, True), (0.97, 0.97, True), (0.99, 0.97, True), (0.97, 0.99, False),
+                               (0.97, None, False)]:
+        stored = SimpleNamespace(version=3, settings={"candidates": cfg.with_overrides(
+            {"verify_ceiling": have}).candidate_settings()})
+        monkeypatch.setattr(store, "latest", lambda index_dir, version, stored=stored: stored)
+        got = finder._reusable(snapshot, cfg.with_overrides({"verify_ceiling": want}), full=False)
+        assert (got is not None) == reused, (have, want)

@@ -20,10 +20,12 @@ from regis.indexes.layout import write_json_atomic
 
 DUPLICATES_DIR = "duplicates"
 CONFIG_FILE = "config.json"
-CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_floor", "verify_side", "features",
-                    "exact_tokens")
+CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_floor", "verify_ceiling", "verify_side",
+                    "features", "exact_tokens")
 # candidate settings whose stored value may be lower than a call's (the stored run then covers the call's)
 AT_MOST_FIELDS = ("floor", "verify_floor")
+# ... and the ones whose stored value may be higher (None: no ceiling, the highest)
+AT_LEAST_FIELDS = ("verify_ceiling",)
 
 
 class DuplicateConfig(BaseModel):
@@ -39,6 +41,10 @@ class DuplicateConfig(BaseModel):
         verify_floor: ... only for pairs whose MaxSim per token reaches this in either direction (None: every
             candidate). Below it no labelled relation of the calibration set was found by verification that the
             tokens alone do not give (the calibration picks it), and verification is most of a run's cost.
+        verify_ceiling: ... and not for pairs whose MaxSim per token reaches this in both directions (None: no
+            ceiling). Set to ``token_edited`` when ``token_edited_verified`` is at most it, such a pair is an edited
+            copy whatever verification finds, so skipping it changes no relation (its pair has no geometry to
+            draw).
         verify_side: longest side the images are brought to for it (reduced or enlarged), pixels.
         features: ORB keypoints per image.
         min_inliers: homography inliers for a pair to count as verified.
@@ -81,6 +87,7 @@ class DuplicateConfig(BaseModel):
     depth: int | None = Field(None, ge=1, le=4096)
     verify: bool = True
     verify_floor: float | None = Field(None, ge=-1.0, le=1.0)
+    verify_ceiling: float | None = Field(None, ge=-1.0, le=1.0)
     verify_side: int = Field(640, ge=64, le=4096)
     features: int = Field(2000, ge=50, le=20000)
     min_inliers: int = Field(15, ge=4)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from regis.duplicates import store
-from regis.duplicates.config import AT_MOST_FIELDS, DuplicateConfig
+from regis.duplicates.config import AT_LEAST_FIELDS, AT_MOST_FIELDS, DuplicateConfig
 from regis.duplicates.geometry import LocalFeatures, features_or_none, verify_pair
 from regis.duplicates.selfjoin import self_join
 from regis.duplicates.store import PairTable, StoredPairs
@@ -118,11 +118,16 @@ def _reusable(snapshot: IndexSnapshot, config: DuplicateConfig, full: bool) -> S
         return None
     stored, wanted = dict(prev.settings.get("candidates") or {}), config.candidate_settings()
     stored.setdefault("verify_floor", None)  # pairs stored before the field: every candidate verified
+    stored.setdefault("verify_ceiling", None)  # ... with no ceiling
     for name in AT_MOST_FIELDS:  # pairs stored above a higher floor (or verified above a higher one): again
         have, want = stored.pop(name, None), wanted.pop(name)
         lowest = -2.0 if name == "verify_floor" else None  # verify_floor None: every pair verified
         have = lowest if have is None else have
         if have is None or (want is not None and have > want) or (want is None and have != lowest):
+            return None
+    for name in AT_LEAST_FIELDS:  # pairs stored with a lower ceiling (fewer verified) than a call's: again
+        have, want = stored.pop(name, None), wanted.pop(name)
+        if have is not None and (want is None or have < want):
             return None
     return prev if stored == wanted else None
 
@@ -185,11 +190,13 @@ class _Features:
 
 
 def to_verify(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
-    """Rows of ``pairs`` to verify geometrically: not exact copies, and token scores at or above
-    ``verify_floor`` in either direction (every other row when it is None)."""
+    """Rows of ``pairs`` to verify geometrically: not exact copies, token scores at or above ``verify_floor`` in
+    either direction (every other row when it is None) and below ``verify_ceiling`` in one (when set)."""
     want = ~pairs.exact
     if config.verify_floor is not None:
         want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.verify_floor
+    if config.verify_ceiling is not None:
+        want &= np.minimum(pairs.s_ab, pairs.s_ba) < config.verify_ceiling
     return np.flatnonzero(want)
 
 

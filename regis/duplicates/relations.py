@@ -36,11 +36,13 @@ DUPLICATE_CODES = (EXACT, EDITED)  # the relations that make a duplicate group
 
 def is_verified(table, config: DuplicateConfig) -> np.ndarray:
     """(p,) bool: the pairs that count as verified under ``config``: at least ``min_inliers`` homography inliers,
-    and token scores at or above ``verify_floor`` (a pair below it is not verified by a run with this config, so
-    a stored run with a lower gate is read as that run would have been)."""
+    and token scores at or above ``verify_floor`` and below ``verify_ceiling`` (a pair outside is not verified by
+    a run with this config, so a stored run with a wider gate is read as that run would have been)."""
     verified = np.asarray(table.inliers) >= config.min_inliers
     if config.verify_floor is not None:
         verified &= np.maximum(table.s_ab, table.s_ba) >= config.verify_floor
+    if config.verify_ceiling is not None:
+        verified &= np.minimum(table.s_ab, table.s_ba) < config.verify_ceiling
     return verified
 
 
