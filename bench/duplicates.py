@@ -170,25 +170,33 @@ def measured_run_with_files(index: Path, work: Path, config) -> dict:
     return {"index": str(index), "images": int(len(run.stored.searched)), "candidate_pairs": len(run.stored.table),
             "timings_ms": run.timings_ms, "wall_s": wall, "cpu_s": cpu, "verification": v,
             "ms_per_feature_extraction": v.get("features_ms", 0.0) / max(1, v.get("features_computed", 0)),
-            "ms_per_pair_verified": v.get("match_ms", 0.0) / max(1, v.get("pairs_verified", 0))}
+            "ms_per_pair_verified": v.get("match_ms", 0.0) / max(1, v.get("pairs_verified", 0)),
+            "ms_per_pair_located": v.get("locate_ms", 0.0) / max(1, v.get("pairs_located", 0)),
+            "located_per_verified": v.get("pairs_located", 0) / max(1, v.get("pairs_verified", 0))}
 
 
 def estimate(full: dict, measured: dict, n: int, target: int) -> dict:
     """Minutes for a full run on ``target`` images: the self-join, exact check and grouping as measured on ``n``
     (scaled by target / n when n is smaller), plus verification of the pairs the gate selected on this collection
-    (``verification_plan``: pairs, feature extractions) at the wall rates measured with real files."""
+    (``verification_plan``: pairs, feature extractions) at the wall rates measured with real files, plus the
+    template search of the share of them the run with real files left unverified, at its rate."""
     scale = target / n
     plan = full["verification_plan"]
     t = full["timings_ms"]
     join_s, exact_s, group_s = (t["join"] / 1e3) * scale, (t["exact"] / 1e3) * scale, full["group_ms"] / 1e3 * scale
     feat_s = plan["feature_extractions"] * scale * measured["ms_per_feature_extraction"] / 1e3
     match_s = plan["pairs_verified"] * scale * measured["ms_per_pair_verified"] / 1e3
-    total = join_s + exact_s + group_s + feat_s + match_s
+    # the template search runs on the verified pairs that verification leaves unverified: their share is
+    # taken from the run with real files (generated images have no files to verify)
+    located = plan["pairs_verified"] * scale * measured.get("located_per_verified", 0.0)
+    locate_s = located * measured.get("ms_per_pair_located", 0.0) / 1e3
+    total = join_s + exact_s + group_s + feat_s + match_s + locate_s
     what = (f"measured at {target} images except verification" if scale == 1 else
             f"EXTRAPOLATED from {n} images (x{scale:g}; the join's per-image cost grows with the IVF lists)")
     return {"what": what + "; verification: this collection's gated pairs and feature extractions (no files: "
             "generated images) at the rates of the run with real files", "images": target, "join_s": join_s,
             "exact_s": exact_s, "group_s": group_s, "features_s": feat_s, "match_s": match_s,
+            "locate_s": locate_s, "pairs_located": located,
             "pairs_verified": plan["pairs_verified"] * scale,
             "feature_extractions": plan["feature_extractions"] * scale, "total_min": total / 60}
 
