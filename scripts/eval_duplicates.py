@@ -291,6 +291,8 @@ TEMPLATE_GRID = {
     "template_max_area": [0.75, 0.85, 0.95],
 }
 TEMPLATE_FLOORS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70]
+# stage 4c: the cheap first match before the full one (geometry.prefilter), the highest within VERIFY_GATE_LOSS
+PREFILTERS = [5, 8, 10, 12, 15, 20, 25, 30]
 PLATEAU = 0.002  # settings within this of the best objective form its plateau
 
 
@@ -353,6 +355,15 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
         if got is not None and ref4 is not None and got >= ref4 - VERIFY_GATE_LOSS:
             t_gate = v
     cfg = cfg.model_copy(update={"template_floor": t_gate})
+    ref_pre = _score(ev, cfg)
+    pre_gate, pre_tried = None, {}
+    for v in PREFILTERS:
+        got = _score(ev, cfg.model_copy(update={"prefilter": v}))
+        pre_tried[str(v)] = {"objective": got, "matched_in_full_fraction": float(
+            (ev.table.pre[to_verify_rows(ev.table, cfg)] >= v).mean()) if len(ev.table) else 0.0}
+        if got is not None and ref_pre is not None and got >= ref_pre - VERIFY_GATE_LOSS:
+            pre_gate = v
+    cfg = cfg.model_copy(update={"prefilter": pre_gate})
     # stage 5: pairs the tokens make edited copies whatever verification says are not verified (lossless)
     ceiling = (cfg.token_edited if cfg.token_edited_verified is not None
                and cfg.token_edited_verified <= cfg.token_edited else None)
@@ -365,13 +376,23 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
                                   "max_loss": VERIFY_GATE_LOSS},
                  "template": facts4,
                  "template_floor": {"objective_without": ref4, "tried": t_tried, "chosen": t_gate,
-                                    "max_loss": VERIFY_GATE_LOSS}}
+                                    "max_loss": VERIFY_GATE_LOSS},
+                 "prefilter": {"objective_without": ref_pre, "tried": pre_tried, "chosen": pre_gate,
+                               "max_loss": VERIFY_GATE_LOSS}}
+
+
+def to_verify_rows(table: PairTable, cfg: DuplicateConfig) -> np.ndarray:
+    """The rows a run with ``cfg`` verifies (``finder.to_verify``) among those above its floor."""
+    from regis.duplicates.finder import to_verify
+
+    rows = to_verify(table, cfg)
+    return rows[np.maximum(table.s_ab[rows], table.s_ba[rows]) >= cfg.floor]
 
 
 ABLATIONS = {"verify_floor": {"verify_floor": None}, "token_edited_verified": {"token_edited_verified": None},
              "both": {"verify_floor": None, "token_edited_verified": None},
              "template": {"template_ncc": None}, "template_floor": {"template_floor": None},
-             "verify_ceiling": {"verify_ceiling": None}}
+             "verify_ceiling": {"verify_ceiling": None}, "prefilter": {"prefilter": None}}
 
 
 def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
@@ -408,6 +429,24 @@ def located_fraction(table: PairTable, cfg: DuplicateConfig, template_floor: flo
     return float(want.sum() / max(1, cand.sum()))
 
 
+def locate_prefiltered(snapshot, run, cfg: DuplicateConfig) -> dict | None:
+    """Template search also on the verified pairs the highest ``PREFILTERS`` value would keep from the full
+    match (the run matched every pair in full, and searched only the ones it left unverified), so that the
+    calibration sees what a run with a prefilter would find; the table is stored again."""
+    from regis.duplicates import finder, store
+
+    t = run.stored.table
+    want = np.zeros(len(t), dtype=bool)
+    want[finder.to_verify(t, cfg)] = True
+    rows = np.flatnonzero(want & t.files & ~t.located & (t.pre >= 0) & (t.pre < max(PREFILTERS)))
+    if len(rows) == 0:
+        return None
+    got = finder._verify(t, finder._live(snapshot)[2], finder.index_file_resolver(snapshot), cfg,
+                         os.cpu_count() or 1, None, rows, match=False)
+    store.save(snapshot.index_dir, run.stored)
+    return got
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", choices=["debian", "bundled"], default="debian")
@@ -430,6 +469,7 @@ def main() -> None:
     run_cfg = DuplicateConfig(floor=RUN_FLOOR, neighbours=RUN_NEIGHBOURS, min_inliers=max(GRID["min_inliers"]))
     t = time.time()
     run = update_pairs(snapshot, run_cfg, threads=None)
+    located_more = locate_prefiltered(snapshot, run, run_cfg)
     print(f"pairs: {len(run.stored.table)} candidates ({run.searched} images searched) in {time.time() - t:.0f} s;"
           f" timings {run.timings_ms}", file=sys.stderr)
     table = run.stored.table
@@ -453,7 +493,8 @@ def main() -> None:
     out = {"command": " ".join(sys.argv), "set": args.set, "seed": args.seed, "backbone": args.backbone,
            "images": len(labelled.items), "run": {"candidate_pairs": len(table), "timings_ms": run.timings_ms,
                                                   "verification": run.stored.settings.get("verification"),
-                                                  "template_added": run.stored.settings.get("template_added")},
+                                                  "template_added": run.stored.settings.get("template_added"),
+                                                  "located_for_prefilter": located_more},
            "config": config.model_dump(exclude={"calibration"}), "calibration_search": search,
            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
            "splits": results}

@@ -510,3 +510,22 @@ def test_verification_ceiling_skips_pairs_the_tokens_decide(monkeypatch):
         monkeypatch.setattr(store, "latest", lambda index_dir, version, stored=stored: stored)
         got = finder._reusable(snapshot, cfg.with_overrides({"verify_ceiling": want}), full=False)
         assert (got is not None) == reused, (have, want)
+
+
+def test_prefilter_rejects_unrelated_photos_and_keeps_a_crop(photos_dir):
+    from regis.duplicates.geometry import local_features, prefilter
+
+    def feats(name, box=(0, 0, 1, 1)):
+        img = Image.open(photos_dir / name).convert("RGB")
+        w, h = img.size
+        buf = io.BytesIO()
+        img.crop((round(box[0] * w), round(box[1] * h), round(box[2] * w), round(box[3] * h))).save(buf, "JPEG")
+        return local_features(buf.getvalue())
+
+    coffee, chelsea = feats("skimage-coffee.png"), feats("skimage-chelsea.png")
+    crop = feats("skimage-coffee.png", (0.1, 0.1, 0.6, 0.7))  # 30 % of the area
+    assert prefilter(coffee, crop) >= 40 > 20 > prefilter(coffee, chelsea)
+    cfg = DuplicateConfig(min_inliers=15, prefilter=20)
+    t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6, inliers=90, pre=30), dict(a=0, b=2, s_ab=0.6, s_ba=0.6,
+                inliers=90, pre=5), dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=90, pre=-1)])
+    assert rel.is_verified(t, cfg).tolist() == [True, False, True]  # -1: matched in full without the first match

@@ -20,10 +20,10 @@ from regis.indexes.layout import write_json_atomic
 
 DUPLICATES_DIR = "duplicates"
 CONFIG_FILE = "config.json"
-CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_floor", "verify_ceiling", "verify_side",
-                    "features", "exact_tokens")
+CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_floor", "verify_ceiling", "prefilter",
+                    "verify_side", "features", "exact_tokens")
 # candidate settings whose stored value may be lower than a call's (the stored run then covers the call's)
-AT_MOST_FIELDS = ("floor", "verify_floor")
+AT_MOST_FIELDS = ("floor", "verify_floor", "prefilter")
 # ... and the ones whose stored value may be higher (None: no ceiling, the highest)
 AT_LEAST_FIELDS = ("verify_ceiling",)
 
@@ -45,6 +45,9 @@ class DuplicateConfig(BaseModel):
             ceiling). Set to ``token_edited`` when ``token_edited_verified`` is at most it, such a pair is an edited
             copy whatever verification finds, so skipping it changes no relation (its pair has no geometry to
             draw).
+        prefilter: a pair is matched in full only when the cheap first match (``geometry.prefilter``: the 300
+            strongest descriptors of each image against the other's) finds at least this many matches (None: every
+            pair matched in full; the calibration picks it).
         verify_side: longest side the images are brought to for it (reduced or enlarged), pixels.
         features: ORB keypoints per image.
         min_inliers: homography inliers for a pair to count as verified.
@@ -88,6 +91,7 @@ class DuplicateConfig(BaseModel):
     verify: bool = True
     verify_floor: float | None = Field(None, ge=-1.0, le=1.0)
     verify_ceiling: float | None = Field(None, ge=-1.0, le=1.0)
+    prefilter: int | None = Field(None, ge=0, le=1000)
     verify_side: int = Field(640, ge=64, le=4096)
     features: int = Field(2000, ge=50, le=20000)
     min_inliers: int = Field(15, ge=4)

@@ -32,7 +32,7 @@ import numpy as np
 
 from regis.duplicates import store
 from regis.duplicates.config import AT_LEAST_FIELDS, AT_MOST_FIELDS, DuplicateConfig
-from regis.duplicates.geometry import LocalFeatures, features_or_none, verify_pair
+from regis.duplicates.geometry import LocalFeatures, features_or_none, prefilter, verify_pair
 from regis.duplicates.selfjoin import self_join
 from regis.duplicates.store import PairTable, StoredPairs
 from regis.duplicates.template import locate
@@ -119,9 +119,10 @@ def _reusable(snapshot: IndexSnapshot, config: DuplicateConfig, full: bool) -> S
     stored, wanted = dict(prev.settings.get("candidates") or {}), config.candidate_settings()
     stored.setdefault("verify_floor", None)  # pairs stored before the field: every candidate verified
     stored.setdefault("verify_ceiling", None)  # ... with no ceiling
+    stored.setdefault("prefilter", None)  # ... every one matched in full
     for name in AT_MOST_FIELDS:  # pairs stored above a higher floor (or verified above a higher one): again
         have, want = stored.pop(name, None), wanted.pop(name)
-        lowest = -2.0 if name == "verify_floor" else None  # verify_floor None: every pair verified
+        lowest = {"verify_floor": -2.0, "prefilter": -1}.get(name)  # None: every pair verified / matched in full
         have = lowest if have is None else have
         if have is None or (want is not None and have > want) or (want is None and have != lowest):
             return None
@@ -257,7 +258,11 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
             def one(r: int, got=got):
                 fa, fb = got[int(pairs.a[r])], got[int(pairs.b[r])]
                 t0 = time.perf_counter()
-                v = verify_pair(fa, fb) if match and fa and fb else None
+                pre, v = int(pairs.pre[r]), None
+                if match and fa and fb:
+                    pre = prefilter(fa, fb)
+                    if config.prefilter is None or pre >= config.prefilter:
+                        v = verify_pair(fa, fb)
                 t1 = time.perf_counter()
                 loc = None
                 if (config.template and fa and fb and fa.thumb is not None and fb.thumb is not None
@@ -265,10 +270,10 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                              or max(pairs.s_ab[r], pairs.s_ba[r]) >= config.template_floor)
                         and (v.inliers if v is not None else int(pairs.inliers[r])) < config.min_inliers):
                     loc = locate(fa.thumb, fb.thumb)
-                return r, fa is not None and fb is not None, v, loc, t1 - t0, time.perf_counter() - t1
+                return r, fa is not None and fb is not None, pre, v, loc, t1 - t0, time.perf_counter() - t1
 
-            for r, files, v, loc, t_match, t_loc in pool.map(one, rows):
-                pairs.files[r] = files
+            for r, files, pre, v, loc, t_match, t_loc in pool.map(one, rows):
+                pairs.files[r], pairs.pre[r] = files, pre
                 cpu["match"] += t_match
                 cpu["locate"] += t_loc
                 if v is not None:

@@ -32,6 +32,7 @@ DEFAULT_MAX_SIDE = 640  # pixels: the side local features are extracted at
 DEFAULT_FEATURES = 2000  # ORB keypoints per image (1000 verified 8 fewer of 60 crop pairs in a sample)
 GEOMETRY_VERSION = 2  # 2: small images enlarged to max_side; stored pairs of another version are verified again
 RATIO = 0.8  # Lowe's ratio test on descriptor distances
+PREFILTER_QUERIES = 300  # descriptors (the strongest) each image sends to the cheap first match (``prefilter``)
 MIN_MATCHES = 8  # fewer ratio-test matches than this: no homography is tried
 MIN_AREA_RATIO = 1e-3  # a frame mapped onto less than this of the other's area (or more than its inverse): degenerate
 
@@ -50,8 +51,9 @@ class LocalFeatures:
     """An image's ORB features.
 
     Attributes:
-        points: (n, 2) float32 keypoint positions, normalised to [0, 1] by the image's width and height.
-        descriptors: (n, 32) uint8 ORB descriptors (n may be 0).
+        points: (n, 2) float32 keypoint positions, normalised to [0, 1] by the image's width and height, strongest
+            (highest FAST response) first.
+        descriptors: (n, 32) uint8 ORB descriptors (n may be 0), in the same order.
         size: (width, height) of the copy the features were taken on, pixels.
         thumb: (h, w) float32 grey copy, longest side at most ``template.THUMB_SIDE`` px, for the template search
             (``regis.duplicates.template``); None when not made.
@@ -129,6 +131,9 @@ def local_features(source, max_side: int = DEFAULT_MAX_SIDE, n_features: int = D
     arr = np.asarray(img.convert("L"))
     orb = cv2.ORB_create(nfeatures=int(n_features), scaleFactor=1.2, nlevels=8, fastThreshold=10)
     keypoints, descriptors = orb.detectAndCompute(arr, None)
+    order = np.argsort([-k.response for k in keypoints], kind="stable")
+    keypoints = [keypoints[i] for i in order]
+    descriptors = descriptors[order] if descriptors is not None else None
     w, h = img.size
     points = np.array([k.pt for k in keypoints], dtype=np.float32).reshape(-1, 2) / np.array([w, h], np.float32)
     if descriptors is None:
@@ -176,6 +181,22 @@ def nearest_two(a: np.ndarray, b: np.ndarray, ratio: float = RATIO) -> tuple[np.
     ok = (idx[:, 1] >= 0) & (dist[:, 0] < ratio * dist[:, 1])
     query = np.flatnonzero(ok)
     return query, idx[query, 0].astype(np.int64)
+
+
+def prefilter(a: LocalFeatures, b: LocalFeatures, queries: int = PREFILTER_QUERIES, ratio: float = RATIO) -> int:
+    """A cheap first match: the ``queries`` strongest descriptors of each image matched against all of the other's
+    (ratio test), the larger count of the two directions. Unrelated images get a few chance matches (at most 18 on
+    40 unrelated pairs of the labelled set), images of one photo tens to hundreds; about 2 x 300 / 2,000 of the
+    full match's comparisons.
+
+    Returns:
+        The number of ratio-test matches (0 when an image has fewer than 2 descriptors).
+    """
+    if len(a.descriptors) < 2 or len(b.descriptors) < 2:
+        return 0
+    ab = len(nearest_two(a.descriptors[:queries], b.descriptors, ratio)[0])
+    ba = len(nearest_two(b.descriptors[:queries], a.descriptors, ratio)[0])
+    return max(ab, ba)
 
 
 def verify_pair(a: LocalFeatures, b: LocalFeatures, ratio: float = RATIO) -> Verification | None:

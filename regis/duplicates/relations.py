@@ -43,6 +43,9 @@ def is_verified(table, config: DuplicateConfig) -> np.ndarray:
         verified &= np.maximum(table.s_ab, table.s_ba) >= config.verify_floor
     if config.verify_ceiling is not None:
         verified &= np.minimum(table.s_ab, table.s_ba) < config.verify_ceiling
+    if config.prefilter is not None:  # pairs a run with this prefilter would not have matched in full (-1: no
+        pre = np.asarray(table.pre)      # first match was run, the pair was matched in full)
+        verified &= (pre < 0) | (pre >= config.prefilter)
     return verified
 
 

@@ -49,6 +49,8 @@ class PairTable:
             existed read as False, and a later run searches the ones its config selects).
         ncc_ab, ncc_ba: float32 best normalised cross correlation of a found inside b, of b inside a (0: not run).
         box: (p, 4) float32 the better direction's window (x0, y0, x1, y1) in its container, normalised.
+        pre: int32 the cheap first match's count (``geometry.prefilter``; -1: not run, the pair was matched in
+            full directly).
     """
 
     a: np.ndarray
@@ -68,6 +70,7 @@ class PairTable:
     ncc_ab: np.ndarray
     ncc_ba: np.ndarray
     box: np.ndarray
+    pre: np.ndarray
 
     @classmethod
     def empty(cls, p: int = 0) -> PairTable:
@@ -76,7 +79,7 @@ class PairTable:
                    np.zeros(p, bool), np.zeros(p, np.int32), np.zeros(p, np.int32), np.zeros(p, np.float32),
                    np.zeros(p, np.float32), np.zeros((p, 4, 2), np.float32), np.zeros((p, 4, 2), np.float32),
                    np.zeros(p, np.float32), np.zeros(p, bool), np.zeros(p, bool), np.zeros(p, np.float32),
-                   np.zeros(p, np.float32), np.zeros((p, 4), np.float32))
+                   np.zeros(p, np.float32), np.zeros((p, 4), np.float32), np.full(p, -1, np.int32))
 
     def __len__(self) -> int:
         return len(self.a)
