@@ -241,9 +241,9 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
             workers: int, progress: Progress | None, rows_all: np.ndarray | None = None,
             match: bool = True) -> dict:
     """Verify ``rows_all`` (default: the rows ``to_verify`` selects) geometrically, in place
-    (``regis.duplicates.geometry.verify_pair``; ``match`` False: only the template search), and search the ones
-    it leaves unverified by template (``config.template``); returns counts and wall times: {"pairs_verified",
-    "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}."""
+    (``regis.duplicates.geometry.verify_pair``; ``match`` False: only the template search, of every row given),
+    and search the ones it leaves unverified by template (``config.template``); returns counts and wall times:
+    {"pairs_verified", "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}."""
     rows_all = to_verify(pairs, config) if rows_all is None else rows_all
     order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
     feats = _Features(records, resolve, config)
@@ -268,7 +268,7 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                 if (config.template and fa and fb and fa.thumb is not None and fb.thumb is not None
                         and (config.template_floor is None
                              or max(pairs.s_ab[r], pairs.s_ba[r]) >= config.template_floor)
-                        and (v.inliers if v is not None else int(pairs.inliers[r])) < config.min_inliers):
+                        and (not match or v is None or v.inliers < config.min_inliers)):
                     loc = locate(fa.thumb, fb.thumb)
                 return r, fa is not None and fb is not None, pre, v, loc, t1 - t0, time.perf_counter() - t1
 
