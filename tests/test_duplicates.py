@@ -529,3 +529,16 @@ def test_prefilter_rejects_unrelated_photos_and_keeps_a_crop(photos_dir):
     t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6, inliers=90, pre=30), dict(a=0, b=2, s_ab=0.6, s_ba=0.6,
                 inliers=90, pre=5), dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=90, pre=-1)])
     assert rel.is_verified(t, cfg).tolist() == [True, False, True]  # -1: matched in full without the first match
+
+
+def test_a_template_crop_is_reported_with_its_window():
+    from regis.duplicates import report
+    from service.schemas_duplicates import DuplicatePair
+
+    cfg = DuplicateConfig(template_ncc=0.85, verify_floor=0.4)
+    t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.95, ncc_ba=0.5, box=[0.1, 0.2, 0.5, 0.6])])
+    relation, container = rel.classify(t, cfg)
+    got = DuplicatePair.model_validate(report.pair_json(t, 0, int(relation[0]), int(container[0]), cfg))
+    assert (got.relation, got.contains, got.verified, got.geometry) == ("crop", 1, False, None)
+    assert got.words == "image 0 is a crop of image 1 (it shows 16 % of it)"
+    assert got.template.window == [0.1, 0.2, 0.5, 0.6] and got.template.a_in_b_ncc == 0.95
