@@ -334,6 +334,11 @@ function openCompare(pair, group, index) {
     polygon($("bSvg"), geo.a_region_in_b, b.width, b.height, `where #${a.id} lies in #${b.id}`);
     rows.push(["matched regions", `${Math.round(geo.a_in_b * 100)}% of #${pair.a} lies in #${pair.b}; it covers ${Math.round(geo.b_covered * 100)}% of #${pair.b}`]);
     rows.push(["local features", `${geo.inliers} of ${geo.matches} matches agree on one homography`]);
+  } else if (pair.relation === "crop" && pair.template) {
+    const [x0, y0, x1, y1] = pair.template.window, inA = pair.contains === pair.a;
+    const quad = [[x0, y0], [x1, y0], [x1, y1], [x0, y1]], inner = inA ? b : a, outer = inA ? a : b;
+    polygon($(inA ? "aSvg" : "bSvg"), quad, outer.width, outer.height, `where #${inner.id} lies in #${outer.id}`);
+    rows.push(["matched regions", `found by template search: #${inner.id}, scaled, matches a window of #${outer.id} (correlation ${Math.max(pair.template.a_in_b_ncc, pair.template.b_in_a_ncc).toFixed(2)}; too few matching features for the geometry)`]);
   } else {
     rows.push(["matched regions", "not verified geometrically (no files to compare, or too few matching features): the relation comes from the token scores"]);
   }
