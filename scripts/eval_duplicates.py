@@ -57,6 +57,7 @@ RUN_NEIGHBOURS = 32
 LABELS = {"exact": 0, "edited": 1, "crop": 2, "scene": 3, "overlap": 4, "unrelated": 5, "ambiguous": 6}
 MAX_PRECISION_LOSS = 0.005  # calibration: edited-copy precision >= 1 - this ...
 MAX_SCENE_AS_COPY = 0.005  # ... and at most this fraction of same-scene pairs called duplicates
+MIN_CROP_PRECISION = 0.0  # stages 4-5: at least this share of reported crops true (0: no constraint; shipped)
 
 
 # ------------------------------------------------------------------ the set
@@ -296,22 +297,23 @@ PREFILTERS = [5, 8, 10, 12, 15, 20, 25, 30]
 PLATEAU = 0.002  # settings within this of the best objective form its plateau
 
 
-def _score(ev: Evaluation, cfg: DuplicateConfig) -> float | None:
+def _score(ev: Evaluation, cfg: DuplicateConfig, min_crop_precision: float = 0.0) -> float | None:
     """The objective (edited-copy recall + crop-direction accuracy), None when a constraint fails."""
     relation, container = rel.classify(ev.table, cfg)
     m = pair_metrics(ev, relation, container, cfg)
     ok = (m["edited"]["precision"] >= 1 - MAX_PRECISION_LOSS
-          and m["scene"]["fraction_called_duplicates"] <= MAX_SCENE_AS_COPY)
+          and m["scene"]["fraction_called_duplicates"] <= MAX_SCENE_AS_COPY
+          and m["crops"]["precision"] >= min_crop_precision)
     return m["edited"]["recall"] + m["crops"]["direction_right_of_all"] if ok else None
 
 
-def _search(ev: Evaluation, base: DuplicateConfig, grid: dict) -> tuple[dict, dict]:
+def _search(ev: Evaluation, base: DuplicateConfig, grid: dict, min_crop_precision: float = 0.0) -> tuple[dict, dict]:
     """Every setting of ``grid`` on ``base``; the centre of the best plateau (None values: ranked as the
     lowest) and the search's facts."""
     names = list(grid)
     scored = []
     for values in itertools.product(*(grid[n] for n in names)):
-        got = _score(ev, base.model_copy(update=dict(zip(names, values, strict=True))))
+        got = _score(ev, base.model_copy(update=dict(zip(names, values, strict=True))), min_crop_precision)
         if got is not None:
             scored.append((got, values))
     if not scored:
@@ -345,20 +347,20 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
         if got is not None and ref is not None and got >= ref - VERIFY_GATE_LOSS:
             gate = v
     cfg = cfg.model_copy(update={"verify_floor": gate})
-    chosen4, facts4 = _search(ev, cfg, TEMPLATE_GRID)
+    chosen4, facts4 = _search(ev, cfg, TEMPLATE_GRID, MIN_CROP_PRECISION)
     cfg = cfg.model_copy(update=chosen4)
-    ref4 = _score(ev, cfg)
+    ref4 = _score(ev, cfg, MIN_CROP_PRECISION)
     t_gate, t_tried = None, {}
     for v in TEMPLATE_FLOORS:  # the highest template gate whose objective stays within VERIFY_GATE_LOSS
-        got = _score(ev, cfg.model_copy(update={"template_floor": v}))
+        got = _score(ev, cfg.model_copy(update={"template_floor": v}), MIN_CROP_PRECISION)
         t_tried[str(v)] = {"objective": got, "located_fraction": located_fraction(ev.table, cfg, v)}
         if got is not None and ref4 is not None and got >= ref4 - VERIFY_GATE_LOSS:
             t_gate = v
     cfg = cfg.model_copy(update={"template_floor": t_gate})
-    ref_pre = _score(ev, cfg)
+    ref_pre = _score(ev, cfg, MIN_CROP_PRECISION)
     pre_gate, pre_tried = None, {}
     for v in PREFILTERS:
-        got = _score(ev, cfg.model_copy(update={"prefilter": v}))
+        got = _score(ev, cfg.model_copy(update={"prefilter": v}), MIN_CROP_PRECISION)
         pre_tried[str(v)] = {"objective": got, "matched_in_full_fraction": float(
             (ev.table.pre[to_verify_rows(ev.table, cfg)] >= v).mean()) if len(ev.table) else 0.0}
         if got is not None and ref_pre is not None and got >= ref_pre - VERIFY_GATE_LOSS:
@@ -367,9 +369,10 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
     # stage 5: pairs the tokens make edited copies whatever verification says are not verified (lossless)
     ceiling = (cfg.token_edited if cfg.token_edited_verified is not None
                and cfg.token_edited_verified <= cfg.token_edited else None)
-    before = _score(ev, cfg)
+    before = _score(ev, cfg, MIN_CROP_PRECISION)
     cfg = cfg.model_copy(update={"verify_ceiling": ceiling})
-    return cfg, {"verify_ceiling": {"chosen": ceiling, "objective_before": before, "objective_after": _score(ev, cfg),
+    return cfg, {"verify_ceiling": {"chosen": ceiling, "objective_before": before,
+                                    "objective_after": _score(ev, cfg, MIN_CROP_PRECISION),
                                     "verified_fraction_after": verified_fraction(ev.table, cfg, cfg.verify_floor)},
                  "geometry": facts1, "tokens": facts2,
                  "verify_floor": {"objective_without": ref, "tried": tried, "chosen": gate,
