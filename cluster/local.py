@@ -38,6 +38,11 @@ from pathlib import Path
 from regis.errors import ConfigError
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (read when ray is imported)
+# Ray Serve's switch for calls between deployments over each replica's gRPC server instead of Ray actor tasks and
+# the object store (part of Ray's RAY_SERVE_THROUGHPUT_OPTIMIZED; its other parts are not used: with user code and
+# router on the replica's main event loop /readyz answered 500, and its direct ingress moves the HTTP port). The
+# nodes of a local cluster get it unless the environment sets it: less CPU per request (BENCHMARKS.md section 6).
+SERVE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -126,6 +131,8 @@ class LocalRayCluster:
         self.object_store_bytes = object_store_bytes
         self.env = dict(env if env is not None else os.environ)
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        for name, value in SERVE_ENV.items():
+            self.env.setdefault(name, value)
         # Ray >= 2.5x turns token authentication on for a node that finds ~/.ray/auth_token (written by any local
         # ray.init() on this machine), and the worker nodes then fail to join ("InvalidAuthToken"). This cluster
         # listens on 127.0.0.1 only: its nodes run with authentication off unless RAY_AUTH_MODE says otherwise (a
