@@ -57,7 +57,7 @@ RUN_NEIGHBOURS = 32
 LABELS = {"exact": 0, "edited": 1, "crop": 2, "scene": 3, "overlap": 4, "unrelated": 5, "ambiguous": 6}
 MAX_PRECISION_LOSS = 0.005  # calibration: edited-copy precision >= 1 - this ...
 MAX_SCENE_AS_COPY = 0.005  # ... and at most this fraction of same-scene pairs called duplicates
-MIN_CROP_PRECISION = 0.0  # stages 4-5: at least this share of reported crops true (0: no constraint; shipped)
+MIN_CROP_PRECISION = 0.85  # stages 4-5: at least this share of the reported crops true crops
 
 
 # ------------------------------------------------------------------ the set
