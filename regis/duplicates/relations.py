@@ -80,9 +80,9 @@ def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
     rel[edited | t_edited] = EDITED
     rel[table.exact] = EXACT
     rel[(s_hi < config.floor) & ~table.exact] = NONE  # pairs stored with a lower floor than this call's
-    # a crop lies inside its container: cover_a >= cover_b means a is inside b, so b contains a (MaxSim's
-    # asymmetry does not say it: on the labelled set the higher direction named the container of 0.51-0.63 of the
-    # crop pairs, so no crop is called without verification)
+    # a crop lies inside its container: cover_a >= cover_b (or, for a crop the template search found, ncc_ab >
+    # ncc_ba) means a is inside b, so b contains a (MaxSim's asymmetry does not say it: on the labelled set the
+    # higher direction named the container of 0.51-0.63 of the crop pairs, so no crop is called from the tokens)
     inner_a = np.where(t_crop, table.ncc_ab > table.ncc_ba, table.cover_a >= table.cover_b)
     container = np.where(rel == CROP, np.where(inner_a, table.b, table.a), -1)
     return rel, container.astype(np.int64)
