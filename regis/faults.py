@@ -37,6 +37,8 @@ Pause points:
                                  names one, the live index holds none), not yet opened (a delete may come between).
     ``thumbnail.source-found``   API: a thumbnail's source file is found on disk, not yet read (a delete of the
                                  image may remove it between).
+    ``image-file.found``         API: ``GET /v1/images/{id}/file`` found the image's file on disk, not yet opened
+                                 (a delete of the image may remove it between).
 """
 
 from __future__ import annotations

@@ -4,15 +4,17 @@ index images), DELETE /v1/images/{id}."""
 from __future__ import annotations
 
 import mimetypes
+import os
+from email.utils import formatdate
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Query, Request, Response, UploadFile
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from regis.api.schemas import DeleteResponse, ErrorResponse, ImageInfo, UploadResponse
-from regis.faults import crash_point
+from regis.faults import crash_point, pause_point
 from regis.indexes.uploads import is_upload_path, upload_file
 from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue, new_job_id
@@ -57,10 +59,39 @@ def image_file(
     image_id: ImageId,
     engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
     settings: Annotated[Settings, Depends(get_settings)],
-) -> FileResponse:
-    """The bytes of an indexed image, read from the indexed folder."""
+) -> StreamingResponse:
+    """The bytes of an indexed image, read from the indexed folder (or the uploads folder).
+
+    The file is opened here, before the answer starts: a delete that removes it afterwards cannot break the answer
+    (the open file stays readable), and one that removed it between the look-up and the open answers 404.
+
+    Raises:
+        APIError: 404 ``image_not_found`` (no such id) or ``file_unavailable`` (not on disk any more, also when a
+            delete of the image removed it after it was found: before, Starlette's FileResponse raised and the
+            client got 500).
+    """
     path = image_path(engine, settings, image_id)
-    return FileResponse(path, media_type=mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+    pause_point("image-file.found")
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        raise APIError(404, "file_unavailable", f"image {image_id} is no longer on disk (deleted meanwhile)") from None
+    return file_stream(handle, mimetypes.guess_type(path.name)[0] or "application/octet-stream")
+
+
+def file_stream(handle, media_type: str, chunk_bytes: int = 1 << 16) -> StreamingResponse:
+    """A 200 answer that streams an open binary file in ``chunk_bytes`` pieces and closes it, with Content-Length,
+    Last-Modified and an ETag from the open file's stat (as Starlette's FileResponse would give)."""
+    st = os.fstat(handle.fileno())
+
+    def chunks():
+        with handle:
+            while block := handle.read(chunk_bytes):
+                yield block
+
+    headers = {"content-length": str(st.st_size), "last-modified": formatdate(st.st_mtime, usegmt=True),
+               "etag": f'"{st.st_mtime_ns:x}-{st.st_size:x}"'}
+    return StreamingResponse(chunks(), media_type=media_type, headers=headers)
 
 
 def image_path(engine: QueryEngine | None, settings: Settings, image_id: int) -> Path:
