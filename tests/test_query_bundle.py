@@ -17,7 +17,8 @@ import torch
 
 from tests.conftest import build
 
-pytestmark = pytest.mark.slow
+# ~1.5 min in all (ONNX export of a real backbone), so CI runs it in `make test-heavy`
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")
