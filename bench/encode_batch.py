@@ -69,14 +69,7 @@ def main() -> None:
             model = encoder if name == "eager" else copies[name](threads)
             for b in [int(x) for x in args.batch_sizes.split(",")]:
                 x = torch.randn(b, 3, 224, 224)
-                for _ in range(2):  # warm-up
-                    model.encode(x)
-                times = []
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    model.encode(x)
-                    times.append(time.perf_counter() - t0)
-                dt = sorted(times)[len(times) // 2]
+                dt = _median_s(model.encode, x, args.repeats)
                 rows.append({"threads": threads, "variant": name, "batch": b, "ms_per_pass": dt * 1e3,
                              "ms_per_image": dt * 1e3 / b, "images_per_s": b / dt})
                 print("row:", json.dumps(rows[-1]), flush=True)
@@ -85,6 +78,18 @@ def main() -> None:
     for r in rows:
         print(f"| {r['threads']} | {r['variant']} | {r['batch']} | {r['ms_per_pass']:.1f} | {r['ms_per_image']:.1f} | "
               f"{r['images_per_s']:.1f} |")
+
+
+def _median_s(encode, x, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``encode(x)`` in seconds over ``repeats`` runs, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        encode(x)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        encode(x)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
 
 
 def frames(args) -> None:
@@ -105,14 +110,7 @@ def frames(args) -> None:
             for f, enc in encoders.items():
                 w, h = aspect_input_size(enc.config, pw, ph) if is_aspect(enc.config) else (224, 224)
                 x = torch.randn(b, 3, h, w, generator=torch.Generator().manual_seed(0))
-                for _ in range(2):  # warm-up
-                    enc.encode(x)
-                times = []
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    enc.encode(x)
-                    times.append(time.perf_counter() - t0)
-                dt = sorted(times)[len(times) // 2]
+                dt = _median_s(enc.encode, x, args.repeats)
                 rows.append({"threads": threads, "frame": f, "input": f"{w}x{h}", "batch": b,
                              "tokens": enc.config.tokens_per_image, "ms_per_image": dt * 1e3 / b})
                 print("row:", json.dumps(rows[-1]), flush=True)
