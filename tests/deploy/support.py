@@ -16,6 +16,19 @@ REDIS_SERVER = shutil.which("redis-server")
 TINY = {"backbone": "vit-tiny-reg4-test", "random_init": True}
 
 
+def noise_png(seed: int, side: int = 512) -> bytes:
+    """A ``side`` x ``side`` RGB PNG of uniform noise from ``seed`` (distinct bytes per seed: an upload's identity)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:

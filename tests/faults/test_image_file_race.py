@@ -3,25 +3,15 @@ thumbnails): the answer is the image's bytes or 404 ``file_unavailable``, never 
 
 from __future__ import annotations
 
-import io
 import threading
 
-import numpy as np
 import pytest
-from deploy.support import TINY, wait_until
+from deploy.support import TINY, noise_png, wait_until
 from fastapi.testclient import TestClient
-from PIL import Image
 
 from regis.faults import PAUSE_ENV, RELEASE_ENV
 from service.app import create_app
 from service.settings import Settings
-
-
-def _png(seed: int, side: int = 256) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture
@@ -52,7 +42,7 @@ def _held_get(client, tmp_path, monkeypatch, url: str, act) -> object:
 def test_a_file_whose_image_is_deleted_after_it_was_found_is_404_not_500(client, tmp_path, monkeypatch):
     """The request is held after the route found the uploaded file and before it opens it; the image is deleted
     (its file removed) meanwhile. Before the fix Starlette's FileResponse raised (500)."""
-    image_id = client.post("/v1/images", files={"files": ("a.png", _png(1))}).json()["images"][0]["id"]
+    image_id = client.post("/v1/images", files={"files": ("a.png", noise_png(1, 256))}).json()["images"][0]["id"]
 
     def delete():
         r = client.delete(f"/v1/images/{image_id}")
@@ -64,7 +54,7 @@ def test_a_file_whose_image_is_deleted_after_it_was_found_is_404_not_500(client,
 
 
 def test_the_file_route_streams_the_exact_bytes_with_their_length_and_type(client):
-    data = _png(2)
+    data = noise_png(2, 256)
     image_id = client.post("/v1/images", files={"files": ("b.png", data)}).json()["images"][0]["id"]
     r = client.get(f"/v1/images/{image_id}/file")
     assert r.status_code == 200 and r.content == data

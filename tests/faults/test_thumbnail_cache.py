@@ -8,21 +8,14 @@ from __future__ import annotations
 import io
 import threading
 
-import numpy as np
 import pytest
 from deploy.support import TINY
+from deploy.support import noise_png as _noise
 from fastapi.testclient import TestClient
 from PIL import Image
 
 from service.app import create_app
 from service.settings import Settings
-
-
-def _noise(seed: int, side: int = 512) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture
