@@ -51,7 +51,7 @@ from regis.models.batching import shape_groups
 from regis.models.encoder import RegisEncoder, build_encoder
 from regis.models.geometry import is_aspect, is_two_framings
 from regis.models.transforms import eval_transform
-from regis.scores.maxsim import maxsim_scores
+from regis.scores.maxsim import maxsim_gemm, maxsim_scores
 from training.evaluation.intervals import paired_bootstrap, wilson_interval  # noqa: F401 (re-exported)
 
 
@@ -137,15 +137,28 @@ def two_framing_tokens(encoder: RegisEncoder, x: torch.Tensor, query: bool) -> d
             f"maxsim-q{cfg.query_tokens_per_image}": q if query else tokens}
 
 
+def built_scores(config, q: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """(Q, N) scores of query tokens (Q, m, D) against gallery tokens (N, T, D) as the index's rerank computes
+    them: ``regis.scores.maxsim.maxsim_gemm`` per query with the encoder's ``score_framings`` (two framings with
+    ``framing_score`` "best": each image's better framing); one framing: plain MaxSim (``maxsim_scores``)."""
+    framings = config.score_framings
+    if framings == 1:
+        return maxsim_scores(q, g, chunk_size=16)
+    with torch.inference_mode():
+        return torch.stack([maxsim_gemm(x.float(), g, framings=framings) for x in q]) if len(q) else q.new_zeros(
+            (0, len(g)))
+
+
 def framing_variants(q: torch.Tensor, g: torch.Tensor, mq: int, tg: int) -> dict[str, torch.Tensor]:
     """Other scores of two framings' tokens (query (Q, 2 mq, D), gallery (N, 2 tg, D), each framing's tokens one
-    after the other, the central square's first): "|", the better of the per-framing MaxSim scores per pair;
-    "@whole", the query's whole-image tokens against all the gallery's; ":crop" and ":whole", one framing alone
-    (query and gallery). {suffix: (Q, N) scores}."""
+    after the other, the central square's first): "|", the better of the per-framing MaxSim scores per pair
+    (computed apart, here: the check of the built "best" framing score); "@all", one MaxSim of all the query's
+    tokens over all the gallery's (the "union" framing score); "@whole", the query's whole-image tokens against all
+    the gallery's; ":crop" and ":whole", one framing alone (query and gallery). {suffix: (Q, N) scores}."""
     crop = maxsim_scores(q[:, :mq], g[:, :tg], chunk_size=16)
     whole = maxsim_scores(q[:, mq:], g[:, tg:], chunk_size=16)
-    return {"|": torch.maximum(crop, whole), "@whole": maxsim_scores(q[:, mq:], g, chunk_size=16),
-            ":crop": crop, ":whole": whole}
+    return {"|": torch.maximum(crop, whole), "@all": maxsim_scores(q, g, chunk_size=16),
+            "@whole": maxsim_scores(q[:, mq:], g, chunk_size=16), ":crop": crop, ":whole": whole}
 
 
 def average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
@@ -237,7 +250,8 @@ def evaluate(encoder: RegisEncoder, hard: HardSet, gallery_parts=None, query_par
                           query=True)
     kinds = np.array([it.kind for it in hard.queries])
     known = known or {}
-    scores = {name: maxsim_scores(q[name], g[name], chunk_size=16) for name in g if name not in known}
+    scores = {name: built_scores(encoder.config, q[name], g[name]) if name != "dense"
+              else maxsim_scores(q[name], g[name], chunk_size=16) for name in g if name not in known}
     hits = {name: query_hits(s, hard.relevance) for name, s in scores.items()}
     table = {name: known[name] if name in known else metrics_of(hits[name], kinds) for name in g}
     return {"metrics": table, "vectors_per_image": {name: int(g[name].shape[1]) for name in g},
@@ -328,9 +342,10 @@ def compare_frames(args) -> int:
     scorer searches rank by (``maxsim-q15`` for a CNN with the 15-token query, else ``maxsim-10``) and of the
     global token, pooled over the seeds, each frame against the first; JSON with every query's hits.
     ``--combine "A|B"``: also the better of frame A's and B's scores per pair (two framings per image).
-    A "center-crop+aspect" frame (F) adds the other scores of its tokens (``framing_variants``): "F|", "F@whole",
-    "F:crop", "F:whole". ``--reuse FILE``: frames whose hits an earlier ``--frames`` JSON of the same seeds holds
-    (the same queries, checked) are taken from it, not encoded again."""
+    A "center-crop+aspect" frame (F; ranked with its ``framing_score``, "best" for new encoders: ``built_scores``)
+    adds the other scores of its tokens (``framing_variants``): "F|", "F@all", "F@whole", "F:crop", "F:whole".
+    ``--reuse FILE``: frames whose hits an earlier ``--frames`` JSON of the same seeds holds (the same queries,
+    checked) are taken from it, not encoded again."""
     encoders = {f: build_encoder(args.backbone, weights=args.weights, roi_size=args.roi_size,
                                  cue_method=args.cue_method, image_size=args.image_size, frame=f,
                                  cue_pooling=args.cue_pooling, roi_image_size=args.roi_image_size,
@@ -353,7 +368,8 @@ def compare_frames(args) -> int:
            "weights": next(iter(encoders.values())).weights_info.source, "queries": [], "hits": {}, "metrics": {}}
     combos = [c.split("|") for c in args.combine or []]
     duals = [f for f, e in encoders.items() if is_two_framings(e.config)]
-    labels = [*encoders, *(args.combine or []), *(f + v for f in duals for v in ("|", "@whole", ":crop", ":whole"))]
+    variants = ("|", "@all", "@whole", ":crop", ":whole")
+    labels = [*encoders, *(args.combine or []), *(f + v for f in duals for v in variants)]
     hits: dict[str, dict[str, list]] = {f: {scorer: [], "global": []} for f in labels}
     for seed in args.seed:
         hard, n_photos = load_hard_set(args.repeats, seed, aspect)

@@ -56,6 +56,13 @@ class Explanation(BaseModel):
     score: float = Field(description="MaxSim score recomputed from the matches (= the result's score up to float "
                                      "rounding)")
     matches: list[TokenMatch]
+    framing: str | None = Field(default=None, description="an index of two framings per image scored apart "
+                                "(frame center-crop+aspect, framing_score best): the framing whose MaxSim is the "
+                                "score, crop (the central square) or whole (the whole image); a query token matches "
+                                "only the result's tokens of its own framing and only this framing's tokens "
+                                "contribute (the other's: 0). Absent on other indexes")
+    framing_scores: dict[str, float] | None = Field(default=None, description="with framing: each framing's MaxSim "
+                                                    "score (the score is the larger)")
 
 
 class ResultImage(BaseModel):

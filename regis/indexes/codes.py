@@ -25,6 +25,7 @@ import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError
 from regis.indexes.npy import load_npy
+from regis.scores.maxsim_np import best_framing_np
 
 FLOAT16 = "float16"
 CODEC_FILE = "codec.faiss"
@@ -215,7 +216,7 @@ def _gemm_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np.ndarray,
-               chunk_images: int = SQ4_CHUNK_IMAGES, gemm=_gemm_nt) -> np.ndarray:
+               chunk_images: int = SQ4_CHUNK_IMAGES, gemm=_gemm_nt, framings: int = 1) -> np.ndarray:
     """MaxSim of ``query`` against SQ4-coded images without decoding them to float32 tokens first.
 
     ``q . x = q . (vmin + vdiff / 30) + sum_d (q_d vdiff_d / 15) c_d``: two GEMMs over the low and the high nibbles
@@ -229,10 +230,15 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
         chunk_images: images per step.
         gemm: ``gemm(a (m, K), b (n, K)) -> a @ b.T`` float32 (numpy's by default; the searcher passes torch's,
             which keeps to the threads it was given where numpy's BLAS may spread a small product over busy cores).
+        framings: > 1: each image's score is its better framing's MaxSim (``regis.scores.maxsim_np.best_framing_np``).
 
     Returns:
         (n,) float32 scores.
+
+    Raises:
+        ValueError: token counts that do not split into ``framings``.
     """
+
     n, t, half = codes.shape
     query = np.asarray(query, dtype=np.float32)
     scaled = query * (vdiff / 15.0)
@@ -244,7 +250,9 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
         sims = gemm(even, (flat & 15).astype(np.float32))
         sims += gemm(odd, (flat >> 4).astype(np.float32))
         sims += base
-        out[start : start + chunk_images] = sims.reshape(len(query), -1, t).max(axis=2).sum(axis=0)
+        sims = sims.reshape(len(query), -1, t)
+        out[start : start + chunk_images] = sims.max(axis=2).sum(axis=0) if framings == 1 else best_framing_np(
+            sims, framings)
     return out
 
 
@@ -287,13 +295,13 @@ class CodeStore:
         """Decoded tokens of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, D) float32."""
         return decode(self.codec, self.get_codes(ids))
 
-    def maxsim(self, query: np.ndarray, ids: np.ndarray, gemm=_gemm_nt) -> np.ndarray | None:
+    def maxsim(self, query: np.ndarray, ids: np.ndarray, gemm=_gemm_nt, framings: int = 1) -> np.ndarray | None:
         """MaxSim of ``query`` (m, D) float32 against the coded tokens of ``ids`` (n,): (n,) float32, computed on
-        the codes (``sq4_maxsim``, with ``gemm``); None when the codec is not a plain SQ4 (the caller decodes,
-        ``get``)."""
+        the codes (``sq4_maxsim``, with ``gemm`` and ``framings``); None when the codec is not a plain SQ4 (the
+        caller decodes, ``get``)."""
         if self.sq4 is None:
             return None
-        return sq4_maxsim(query, self.get_codes(ids), *self.sq4, gemm=gemm)
+        return sq4_maxsim(query, self.get_codes(ids), *self.sq4, gemm=gemm, framings=framings)
 
     @property
     def nbytes(self) -> int:

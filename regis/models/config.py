@@ -51,6 +51,13 @@ TWO_FRAMINGS = "center-crop+aspect"  # CNNs: every image indexed with the tokens
 QUERY_LAYOUTS = ("tokens", "tokens+roi-cues")
 DEFAULT_CNN_QUERY_LAYOUT = "tokens+roi-cues"
 DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
+# How MaxSim scores an image of two framings (``EncoderConfig.framing_score``): "union", one MaxSim of all the
+# query's tokens over all the image's (what "center-crop+aspect" indexes built before the field used; a manifest
+# without it means "union"); "best", each framing's query tokens against the image's tokens of the same framing,
+# the image's score the better of the two (METHODS.md section 1; docs/RESULTS.md section 6). New two-framing
+# encoders: "best".
+FRAMING_SCORES = ("union", "best")
+DEFAULT_FRAMING_SCORE = "best"
 
 
 class EncoderConfig(BaseModel):
@@ -85,6 +92,10 @@ class EncoderConfig(BaseModel):
         query_layout: which tokens a query gets (the index's tokens are the same either way): "tokens" (the
             T tokens above; every index written before the field existed) or "tokens+roi-cues" (CNN with a ROI
             pass and every token: the T tokens plus the R + 1 cue tokens of the ROI pass, in that order).
+        framing_score: two framings ("center-crop+aspect") only: "union" (one MaxSim of the m query tokens over the
+            T image tokens; manifests without the field) or "best" (per framing: its m / 2 query tokens against the
+            image's T / 2 tokens of the same framing; the image's score is the larger of the two; new encoders).
+            Must be "union" for one framing.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -106,6 +117,7 @@ class EncoderConfig(BaseModel):
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     query_layout: Literal["tokens", "tokens+roi-cues"] = "tokens"
+    framing_score: Literal["union", "best"] = "union"
 
     @field_validator("roi_size")
     @classmethod
@@ -140,6 +152,20 @@ class EncoderConfig(BaseModel):
             raise ValueError(f"frame {TWO_FRAMINGS!r} needs a CNN backbone (its aspect framing feeds non-square "
                              f"inputs), not {self.kind} ({self.backbone})")
         return self
+
+    @model_validator(mode="after")
+    def _best_framing_needs_two(self) -> EncoderConfig:
+        if self.framing_score == "best" and self.frame != TWO_FRAMINGS:
+            raise ValueError(f"framing score 'best' needs two framings per image (frame {TWO_FRAMINGS!r}), not "
+                             f"frame {self.frame!r}")
+        return self
+
+    @property
+    def score_framings(self) -> int:
+        """Framings MaxSim scores apart (``framing_score`` "best": ``framings``, each framing's query tokens
+        against the image's tokens of that framing, the better score kept), else 1 (one MaxSim over all tokens).
+        The scorers take it as ``framings`` (``regis.scores.maxsim.maxsim_gemm``)."""
+        return self.framings if self.framing_score == "best" else 1
 
     @property
     def framings(self) -> int:

@@ -25,8 +25,10 @@ from regis.models.config import (  # noqa: F401  (re-exported: the names' histor
     DEFAULT_CUE_METHOD,
     DEFAULT_CUE_POOLING,
     DEFAULT_FRAME,
+    DEFAULT_FRAMING_SCORE,
     DEFAULT_ROI_SIZE,
     FRAMES,
+    FRAMING_SCORES,
     QUERY_LAYOUTS,
     TOKEN_SETS,
     TWO_FRAMINGS,
@@ -305,6 +307,7 @@ def build_encoder(
     cue_pooling: str | None = None,
     roi_image_size: int | None = None,
     query_layout: str | None = None,
+    framing_score: str | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -327,6 +330,9 @@ def build_encoder(
         query_layout: "tokens" or "tokens+roi-cues" (``EncoderConfig.query_layout``). Default: the stored run
             config's (a run without the field: "tokens"), else ``DEFAULT_CNN_QUERY_LAYOUT`` for a CNN with a ROI
             pass and every token, "tokens" otherwise.
+        framing_score: "union" or "best" (``EncoderConfig.framing_score``), two framings only. Default: the stored
+            run config's (a run of two framings), else ``DEFAULT_FRAMING_SCORE`` ("best") with two framings,
+            "union" with one.
 
     Returns:
         A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
@@ -371,6 +377,13 @@ def build_encoder(
     if frame == TWO_FRAMINGS and spec.kind != "cnn":
         raise ConfigError(f"frame {TWO_FRAMINGS!r} needs a CNN backbone (its aspect framing feeds non-square "
                           f"inputs), not {spec.name}")
+    if framing_score is not None and framing_score not in FRAMING_SCORES:
+        raise ConfigError(f"framing score must be one of {FRAMING_SCORES}, got {framing_score!r}")
+    two = (frame or stored.get("frame", DEFAULT_FRAME)) == TWO_FRAMINGS
+    kept = stored.get("framing_score") if stored.get("frame") == TWO_FRAMINGS else None  # a two-framing run's
+    framings_scored = framing_score or kept or (DEFAULT_FRAMING_SCORE if two else "union")
+    if framings_scored == "best" and not two:
+        raise ConfigError(f"framing score 'best' needs two framings per image (frame {TWO_FRAMINGS!r})")
     if size < 32:
         raise ConfigError(f"image size must be at least 32 px, got {size}")
     resize = size if image_size is not None else int(stored.get("resize_size", size))
@@ -413,6 +426,7 @@ def build_encoder(
         mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
         query_layout=layout,
+        framing_score=framings_scored,
     )
     hashed = model if head is None else nn.ModuleDict({"backbone": model, "head": head})
     info = WeightsInfo(source=source, sha256=state_dict_sha256(hashed), head_source=head_source, head_sha256=head_sha)
@@ -541,6 +555,7 @@ def encoder_from_manifest(
         backbone=config.backbone, roi_size=config.roi_size, border=config.border, token_set=config.token_set,
         cue_method=config.cue_method, device=device, frame=config.frame, cue_pooling=config.cue_pooling,
         roi_image_size=config.roi_image_size or 0, query_layout=config.query_layout,
+        framing_score=config.framing_score,
     )
     if config.kind == "cnn":
         kwargs["image_size"] = config.image_size

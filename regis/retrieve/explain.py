@@ -10,7 +10,9 @@ heatmap.
 JSON shapes (documented field by field in ``regis.api.explain``):
     query:       {"width", "height", "grid": [h, w], "tokens": [{"index", "name", "kind", "box"}]}
     explanation: {"score", "matches": [{"query_token", "query_name", "result_token", "result_name",
-                  "similarity", "contribution", "share", "result_box"}]}
+                  "similarity", "contribution", "share", "result_box"}]}, plus "framing" ("crop" or "whole": the
+                  framing whose MaxSim is the score) and "framing_scores" ({name: MaxSim}) on an index of two
+                  framings scored apart (``EncoderConfig.score_framings``)
 Boxes are [x0, y0, x1, y1] in the image's own pixels (ends exclusive), or None.
 """
 
@@ -27,7 +29,7 @@ from regis.images.decode import decode_image
 from regis.indexes.snapshot import IndexSnapshot
 from regis.models.config import EncoderConfig
 from regis.models.geometry import buddy_grid, input_region
-from regis.scores.explain import patch_heatmap, token_box, token_matches, token_names
+from regis.scores.explain import FRAMING_NAMES, patch_heatmap, token_box, token_matches, token_names
 
 
 class ResultImageError(RegisError):
@@ -142,8 +144,12 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
         doc: (T, D) the result's tokens as the rerank scored them (float16 from the store).
         buddies: (R + 1,) the result's buddy patches (-1: unknown) or None; grid: their (h, w) grid.
         width, height: the result image's size, pixels.
+
+    Two framings scored apart (``config.score_framings``): each query token matches the result's tokens of its own
+    framing; ``framing`` names the one whose MaxSim is the score (its query tokens alone contribute) and
+    ``framing_scores`` gives both.
     """
-    m = token_matches(query, doc)
+    m = token_matches(query, doc, config.score_framings)
     qnames = token_names(config.num_registers, len(query), config.framings)
     dnames = token_names(config.num_registers, len(doc), config.framings)
     matches = []
@@ -155,7 +161,11 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
             "similarity": float(m.similarity[i]), "contribution": float(m.contribution[i]),
             "share": float(m.share[i]), "result_box": _box(box),
         })
-    return {"score": m.score, "matches": matches}
+    out = {"score": m.score, "matches": matches}
+    if config.score_framings > 1:  # framings scored apart: which one gave the score, and each one's MaxSim
+        out["framing"] = FRAMING_NAMES[m.framing]
+        out["framing_scores"] = {FRAMING_NAMES[f]: float(v) for f, v in enumerate(m.framing_scores)}
+    return out
 
 
 @dataclass(frozen=True)

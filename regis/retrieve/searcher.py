@@ -7,7 +7,9 @@ neighbour list saturated get one range search more, so that no image left unscor
 With a compressed token store (``regis.indexes.codes``) the candidates are first scored on their decoded
 codes, and the best ``refine * k`` of those are re-scored exactly on their float16 tokens, so the returned
 scores are always exact. Exact mode scores every live image (the oracle for tests and benchmarks). Search
-parameters are per call; their defaults (depth, nprobe) come from the index manifest.
+parameters are per call; their defaults (depth, nprobe) come from the index manifest. An index of two framings
+per image with the "best" framing score (``EncoderConfig.score_framings``) scores each image by its better
+framing's MaxSim in every path (float16, codes, exact), and the bounded candidates bound each framing apart.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ class Searcher:
         self.exact_chunk = exact_chunk
         self.T = snapshot.manifest.tokens_per_image
         self.D = snapshot.manifest.dim
+        # two framings scored apart ("best" framing score): the rerank keeps each image's better framing
+        self.framings = snapshot.manifest.encoder.score_framings
         self.codes = snapshot.codes if use_codes else None
         self.refine = refine
         self.refine_share = float(refine_share)
@@ -128,6 +132,9 @@ class Searcher:
         query = np.asarray(query, dtype=np.float32)
         if query.ndim != 2 or query.shape[1] != self.D or query.shape[0] < 1:
             raise ConfigError(f"query tokens must be (m, {self.D}), got {tuple(query.shape)}")
+        if query.shape[0] % self.framings:
+            raise ConfigError(f"this index scores {self.framings} framings apart: the query's {query.shape[0]} tokens "
+                              f"must be {self.framings} equal blocks, one per framing")
         if not 1 <= k <= MAX_K:
             raise ConfigError(f"k must be between 1 and {MAX_K}, got {k}")
         if not 1 <= depth <= MAX_DEPTH:
@@ -169,12 +176,18 @@ class Searcher:
             (e,) int64 live image ids not in ``seen``, ascending.
         """
         tails, full = cands.list_tails(sims, token_ids)
-        which, radius = cands.range_radius(tails, full, theta)
-        if len(which) == 0:
-            return np.zeros(0, dtype=np.int64)
         nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-        found = cands.range_tokens(self.snapshot.faiss, query[which], radius, nprobe=nprobe, threads=threads)
-        return np.setdiff1d(self._live_images(found), seen, assume_unique=True)
+        found = []
+        # framings scored apart: an image's score is its better framing's, so each framing's query tokens must
+        # bound it below theta on their own (``candidates.range_radius`` per block)
+        for block in np.split(np.arange(len(query)), self.framings):
+            which, radius = cands.range_radius(tails[block], full[block], theta)
+            if len(which):
+                found.append(cands.range_tokens(self.snapshot.faiss, query[block[which]], radius, nprobe=nprobe,
+                                                threads=threads))
+        if not found:
+            return np.zeros(0, dtype=np.int64)
+        return np.setdiff1d(self._live_images(np.concatenate(found)), seen, assume_unique=True)
 
     def _ann(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, k: int, nprobe: int | None,
              method: str, threads: int | None) -> tuple[np.ndarray, np.ndarray, int, float, float]:
@@ -214,14 +227,16 @@ class Searcher:
         return image_ids[self.snapshot.store.is_live(image_ids)]
 
     def _maxsim(self, query: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """MaxSim of ``query`` (m, D) against ``docs`` (c, T, D): (c,) float32; an index of two framings scored
+        apart: each image's better framing (``self.framings``)."""
         if self.device is None:
-            return maxsim_gemm_np(query, docs)
+            return maxsim_gemm_np(query, docs, framings=self.framings)
         import torch
 
         from regis.scores.maxsim import maxsim_gemm
 
         q = torch.from_numpy(np.ascontiguousarray(query, dtype=np.float32)).to(self.device)
-        return maxsim_gemm(q, torch.from_numpy(docs).to(self.device)).float().cpu().numpy()
+        return maxsim_gemm(q, torch.from_numpy(docs).to(self.device), framings=self.framings).float().cpu().numpy()
 
     def rerank(self, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Exact MaxSim of ``query`` (m, D) against the stored float16 tokens of ``ids`` (c,): (c,) float32."""
@@ -239,7 +254,7 @@ class Searcher:
             raise ConfigError("this index has no compressed token store (token_store is float16)")
         if len(ids) == 0:
             return np.zeros(0, dtype=np.float32)
-        scores = self.codes.maxsim(query, ids, self._gemm_nt)  # a plain SQ4 store: scored on its codes
+        scores = self.codes.maxsim(query, ids, self._gemm_nt, framings=self.framings)  # plain SQ4: on its codes
         return self._maxsim(query, self.codes.get(ids)) if scores is None else scores
 
     def _gemm_nt(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

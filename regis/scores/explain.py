@@ -7,7 +7,10 @@ lists, per query token, which result token j* = argmax_j q_i . d_j it matched (f
 score's max), the similarity q_i . d_j* (a cosine in [-1, 1]: tokens are unit-norm), its contribution to the
 score (the term it adds; the contributions sum to S) and its share (contribution / S, summing to 1). ROI
 tokens also carry the box of their N x N patch window in the image's own pixels (``regis.models.geometry``).
-The pair view adds a patch-level heatmap: the cosine of each query token with every patch of the result.
+Two framings per image scored apart ("center-crop+aspect", framing score "best"): each query token matches
+the result's tokens of its own framing, the score is the better framing's MaxSim, and only that framing's query
+tokens contribute (the explanation names it). The pair view adds a patch-level heatmap: the cosine of each query
+token with every patch of the result.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from regis.models.geometry import (
     window_bounds,
 )
 
+# The framings of "center-crop+aspect", in their token order: the names of token prefixes and of the framing
+# an explanation says won (framings scored apart).
+FRAMING_NAMES = ("crop", "whole")
+
 
 @dataclass(frozen=True)
 class TokenMatches:
@@ -38,6 +45,9 @@ class TokenMatches:
         contribution: (m,) float32, the term each query token adds to the score (= similarity).
         share: (m,) float32, contribution / score (sums to 1; all 0 when the score is 0).
         score: the MaxSim score, sum of the contributions (float).
+        framing: with framings scored apart, the framing whose MaxSim is the score (0: the first; on a tie the
+            first); 0 otherwise.
+        framing_scores: (F,) float64, each framing's MaxSim (framings scored apart), or (1,) the score.
     """
 
     best: np.ndarray
@@ -45,32 +55,47 @@ class TokenMatches:
     contribution: np.ndarray
     share: np.ndarray
     score: float
+    framing: int = 0
+    framing_scores: np.ndarray | None = None
 
 
-def token_matches(query: np.ndarray, doc: np.ndarray) -> TokenMatches:
+def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1) -> TokenMatches:
     """Explain MaxSim(query, doc) term by term.
 
     Args:
         query: (m, D) float query tokens (unit-norm).
         doc: (n, D) float result tokens (float16 from the store is upcast to float32, as the rerank does).
+        framings: > 1: both sides' tokens are that many framings' equal blocks, scored apart
+            (``EncoderConfig.score_framings``; ``regis.scores.maxsim.best_framing``): a query token matches only
+            the result's tokens of its own framing (the others' similarities are -inf to it), the score is the
+            best framing's MaxSim, and only that framing's query tokens contribute (the others: 0).
 
     Returns:
         ``TokenMatches``; its ``score`` equals the search's MaxSim score up to float32 summation order.
 
     Raises:
-        ConfigError: shapes that are not (m, D) and (n, D) with the same D, or an empty side.
+        ConfigError: shapes that are not (m, D) and (n, D) with the same D, an empty side, or token counts that
+            do not split into ``framings``.
     """
     query = np.asarray(query, dtype=np.float32)
     doc = np.asarray(doc, dtype=np.float32)
     if query.ndim != 2 or doc.ndim != 2 or query.shape[1] != doc.shape[1] or not len(query) or not len(doc):
         raise ConfigError(f"need (m, D) query and (n, D) result tokens, got {query.shape} and {doc.shape}")
+    if framings < 1 or len(query) % framings or len(doc) % framings:
+        raise ConfigError(f"{len(query)} query and {len(doc)} result tokens do not split into {framings} framings")
     sims = query @ doc.T
+    qf = np.arange(len(query)) // (len(query) // framings)  # each token's framing
+    df = np.arange(len(doc)) // (len(doc) // framings)
+    sims = np.where(qf[:, None] == df[None, :], sims, -np.inf)  # another framing's tokens: -inf, never 0
     best = sims.argmax(axis=1)
     similarity = sims[np.arange(len(query)), best]
-    contribution = similarity.copy()
+    per = np.array([similarity[qf == f].sum(dtype=np.float64) for f in range(framings)])
+    framing = int(per.argmax())
+    contribution = np.where(qf == framing, similarity, 0.0).astype(np.float32)
     score = float(contribution.sum(dtype=np.float64))
     share = contribution / score if score != 0 else np.zeros_like(contribution)
-    return TokenMatches(best.astype(np.int64), similarity, contribution, share.astype(np.float32), score)
+    return TokenMatches(best.astype(np.int64), similarity, contribution, share.astype(np.float32), score, framing,
+                        per)
 
 
 def token_names(num_registers: int, tokens_per_image: int, framings: int = 1) -> list[tuple[str, str]]:
@@ -87,7 +112,7 @@ def token_names(num_registers: int, tokens_per_image: int, framings: int = 1) ->
     """
     if framings == 2:
         half = token_names(num_registers, tokens_per_image // 2)
-        return [(f"crop-{n}", k) for n, k in half] + [(f"whole-{n}", k) for n, k in half]
+        return [(f"{FRAMING_NAMES[0]}-{n}", k) for n, k in half] + [(f"{FRAMING_NAMES[1]}-{n}", k) for n, k in half]
     r = num_registers
     cues = ["cls", *[f"reg{i}" for i in range(1, r + 1)]]
     out = [(name, "cls" if name == "cls" else "register") for name in cues]

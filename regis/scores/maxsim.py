@@ -3,7 +3,9 @@
     S(Q, D) = sum_{i=1..m} max_{j=1..n} q_i . d_j            (METHODS.md section 1)
 
 Any query token may match any document token; S is asymmetric. With unit-norm tokens S lies in [-m, m] and
-S(Q, Q) = m. Padded document tokens are masked with -inf before the max (never 0: a query token whose
+S(Q, Q) = m. An image of two framings ("center-crop+aspect", ``framing_score`` "best") scores
+max_f S(Q_f, D_f): each framing's query tokens against the image's tokens of the same framing (``best_framing``).
+Padded document tokens are masked with -inf before the max (never 0: a query token whose
 similarities are all negative would otherwise score 0 against the padding). Padded query tokens contribute 0
 to the sum.
 """
@@ -120,7 +122,30 @@ def gemm_chunk_docs(docs: torch.Tensor) -> int:
     return max(1, CPU_CHUNK_VALUES // max(1, docs.shape[1] * docs.shape[2]))
 
 
-def maxsim_gemm(query: torch.Tensor, docs: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+def check_framings(m: int, n: int, framings: int) -> None:
+    """Token counts that split into ``framings`` equal framings: query m and document n tokens.
+
+    Raises:
+        ValueError: framings < 1, or m or n not a multiple of it.
+    """
+    if framings < 1 or m % framings or n % framings:
+        raise ValueError(f"{m} query and {n} document tokens do not split into {framings} framings")
+
+
+def best_framing(sims: torch.Tensor, framings: int) -> torch.Tensor:
+    """The better framing's MaxSim from all token similarities: ``sims`` (m, c, n) (query token, document,
+    document token), each side's tokens ``framings`` equal blocks one after the other -> (c,): the max over
+    framings f of sum_{i in f} max_{j in f} sims[i, :, j]. A query token never matches another framing's tokens
+    (the blocks are selected, nothing is masked). ``framings`` 1: plain MaxSim."""
+    m, c, n = sims.shape
+    check_framings(m, n, framings)
+    blocks = sims.view(framings, m // framings, c, framings, n // framings)
+    per = torch.stack([blocks[f, :, :, f].amax(dim=-1).sum(dim=0) for f in range(framings)])  # (F, c)
+    return per.amax(dim=0)
+
+
+def maxsim_gemm(query: torch.Tensor, docs: torch.Tensor, chunk_size: int | None = None,
+                framings: int = 1) -> torch.Tensor:
     """MaxSim of one query against every document, as one matrix product per chunk (the rerank fast path).
 
     Same scores as ``maxsim_scores(query, docs)`` up to float summation order, without the 4-D einsum: the
@@ -133,22 +158,30 @@ def maxsim_gemm(query: torch.Tensor, docs: torch.Tensor, chunk_size: int | None 
         docs: (N, n, D) float tokens, any float dtype, same device; no padding.
         chunk_size: documents per GEMM; bounds the upcast copy to chunk_size x n x D values (None:
             ``gemm_chunk_docs(docs)``, cache-sized on a CPU).
+        framings: > 1: the query's and the documents' tokens are that many framings' blocks, one after the other
+            (``EncoderConfig.score_framings``, "center-crop+aspect" with ``framing_score`` "best"); a document's
+            score is its better framing's MaxSim (``best_framing``: each framing's query tokens against the
+            document's tokens of the same framing).
 
     Returns:
         (N,) scores in the dtype of ``query``.
 
     Raises:
-        ValueError: wrong number of dimensions, mismatched widths, or chunk_size < 1.
+        ValueError: wrong number of dimensions, mismatched widths, chunk_size < 1, or token counts that do not
+            split into ``framings``.
     """
     if chunk_size is None:
         chunk_size = gemm_chunk_docs(docs)
     _check_chunked("query", query, 2, docs, chunk_size)
     n_docs, n, d = docs.shape
+    if framings != 1:
+        check_framings(query.shape[0], n, framings)
     out = []
     for start in range(0, n_docs, chunk_size):
         chunk = docs[start : start + chunk_size]
         flat = chunk.reshape(-1, d).to(dtype=query.dtype)
         # (m, D) @ (D, c * n), not (c * n, D) @ (D, m): the same product, but MKL ran the wide form ~3x faster on
         # the AMD EPYC VM (300 candidates: 1.9 vs 6.3 ms; `python -m bench.rerank`)
-        out.append((query @ flat.T).view(-1, chunk.shape[0], n).amax(dim=2).sum(dim=0))
+        sims = (query @ flat.T).view(-1, chunk.shape[0], n)
+        out.append(sims.amax(dim=2).sum(dim=0) if framings == 1 else best_framing(sims, framings))
     return torch.cat(out) if out else query.new_zeros((0,))

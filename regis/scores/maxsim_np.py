@@ -11,19 +11,38 @@ import numpy as np
 CPU_CHUNK_VALUES = 1 << 20  # as regis.scores.maxsim: 4 MiB of float32 upcast per GEMM
 
 
-def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None = None) -> np.ndarray:
+def best_framing_np(sims: np.ndarray, framings: int) -> np.ndarray:
+    """``regis.scores.maxsim.best_framing`` in numpy: ``sims`` (m, c, n), each side's tokens ``framings`` equal
+    blocks -> (c,) float32, the max over framings f of sum_{i in f} max_{j in f} sims[i, :, j].
+
+    Raises:
+        ValueError: m or n not a multiple of ``framings`` (or framings < 1).
+    """
+    m, c, n = sims.shape
+    if framings < 1 or m % framings or n % framings:
+        raise ValueError(f"{m} query and {n} document tokens do not split into {framings} framings")
+    blocks = sims.reshape(framings, m // framings, c, framings, n // framings)
+    per = [blocks[f, :, :, f].max(axis=-1).sum(axis=0, dtype=np.float32) for f in range(framings)]
+    return np.max(np.stack(per), axis=0)
+
+
+def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None = None,
+                   framings: int = 1) -> np.ndarray:
     """MaxSim of one query against every document.
 
     Args:
         query: (m, D) float32 tokens.
         docs: (N, n, D) float tokens (float16 or float32), no padding.
         chunk_size: documents per GEMM (None: as many as hold ``CPU_CHUNK_VALUES`` values).
+        framings: > 1: each document's score is its better framing's MaxSim (``best_framing_np``; as
+            ``maxsim_gemm``'s).
 
     Returns:
         (N,) float32 scores.
 
     Raises:
-        ValueError: wrong number of dimensions, mismatched widths, or chunk_size < 1.
+        ValueError: wrong number of dimensions, mismatched widths, chunk_size < 1, or token counts that do not
+            split into ``framings``.
     """
     if query.ndim != 2 or docs.ndim != 3:
         raise ValueError(f"query must be (m, D) and docs (N, n, D), got {query.shape} and {docs.shape}")
@@ -34,10 +53,13 @@ def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None =
         chunk_size = max(1, CPU_CHUNK_VALUES // max(1, n * d))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if framings != 1 and (framings < 1 or len(query) % framings or n % framings):
+        raise ValueError(f"{len(query)} query and {n} document tokens do not split into {framings} framings")
     query = np.ascontiguousarray(query, dtype=np.float32)
     out = []
     for start in range(0, n_docs, chunk_size):
         chunk = docs[start : start + chunk_size]
         flat = chunk.reshape(-1, d).astype(np.float32)
-        out.append((query @ flat.T).reshape(-1, chunk.shape[0], n).max(axis=2).sum(axis=0, dtype=np.float32))
+        sims = (query @ flat.T).reshape(-1, chunk.shape[0], n)
+        out.append(sims.max(axis=2).sum(axis=0, dtype=np.float32) if framings == 1 else best_framing_np(sims, framings))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)

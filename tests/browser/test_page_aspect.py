@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from test_page import _screenshot, _serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # 23 s + 15 s: make test-heavy (CI) runs them; make test stays under 10 min
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
