@@ -12,6 +12,12 @@ is trained on them:
   held in a FAISS flat index, refreshed every ``refresh_every`` steps; top-k neighbours of each view, their union
   the context.
 
+Against overfitting the training classes (both recipes): ``anchor`` > 0 adds anchor * ||theta - theta_0||^2, a
+penalty keeping the head near its PCA start (L2-SP, Li et al., ICML 2018); ``val`` (a callable head -> score,
+e.g. Recall@1 on held-out classes) is evaluated every ``val_every`` steps and the best head is returned (early
+stopping); ``interpolate`` mixes the start back in, W = (1 - alpha) W_0 + alpha W (WiSE-FT, Wortsman et al.,
+CVPR 2022).
+
 ``evaluate`` scores leave-one-out Recall@1 per query (single: token 0 cosine; multi: the m query tokens' MaxSim
 over the gallery's T) with or without a head; ``compare`` gives the difference with a paired bootstrap interval
 over queries.
@@ -19,7 +25,9 @@ over queries.
 
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -30,13 +38,75 @@ from training.photos.loss import maxsim_matrix
 from training.photos.train import pca_init, project
 
 
-def _head(cache: dict, out_dim: int, hidden: int, seed: int, tokens: int) -> TokenHead:
+def start_head(cache: dict, out_dim: int = 256, hidden: int = 0, seed: int = 0, tokens: int = 10) -> TokenHead:
+    """The head both recipes start from: PCA of a sample of ``cache``'s tokens to ``out_dim`` (seeded)."""
     torch.manual_seed(seed)
     t = cache["tokens"]
     head = TokenHead(t.shape[-1], out_dim, hidden)
     sample = torch.cat([t[:, 0, :tokens].flatten(0, 1), t.flatten(0, 2)])[:: max(1, len(t) // 200)]
     pca_init(head, sample)
     return head
+
+
+def restrict(cache: dict, classes) -> dict:
+    """The images of ``cache`` whose label is in ``classes`` (same keys; ``config`` shared)."""
+    keep = torch.isin(cache["labels"], torch.as_tensor(list(classes)))
+    if not bool(keep.any()):
+        raise ValueError(f"no image of classes {list(classes)} in the cache")
+    return {**cache, "tokens": cache["tokens"][keep], "labels": cache["labels"][keep]}
+
+
+def interpolate(start: TokenHead, head: TokenHead, alpha: float) -> TokenHead:
+    """A head whose every parameter is (1 - alpha) * start's + alpha * head's (WiSE-FT; alpha in [0, 1])."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    out = copy.deepcopy(head)
+    with torch.no_grad():
+        for p, p0 in zip(out.parameters(), start.parameters(), strict=True):
+            p.mul_(alpha).add_(p0, alpha=1.0 - alpha)
+    return out.eval()
+
+
+class _Keeper:
+    """The L2-SP penalty towards the start and early stopping on ``val`` (module docstring)."""
+
+    def __init__(self, head: TokenHead, anchor: float, val: Callable[[TokenHead], float] | None, val_every: int):
+        self.start = copy.deepcopy(head).eval()
+        self.anchor, self.val, self.val_every = anchor, val, val_every
+        self.curve: list[dict] = []
+        self.best: tuple[float, int, dict] | None = None
+
+    def penalty(self, head: TokenHead) -> torch.Tensor:
+        if not self.anchor:
+            return torch.zeros(())
+        return self.anchor * sum(((p - p0) ** 2).sum() for p, p0 in zip(head.parameters(), self.start.parameters(),
+                                                                          strict=True))
+
+    def check(self, head: TokenHead, step: int) -> None:
+        """Score ``head`` after ``step`` steps when a validation is due; keep the best state."""
+        if self.val is None or step % self.val_every:
+            return
+        head.eval()
+        score = float(self.val(head))
+        head.train()
+        self.curve.append({"step": step, "val": score})
+        if self.best is None or score > self.best[0]:
+            self.best = (score, step, copy.deepcopy(head.state_dict()))
+
+    def finish(self, head: TokenHead, log: list, t0: float, steps: int) -> tuple[TokenHead, list]:
+        self.check(head, steps)
+        summary = {"steps": steps, "seconds": round(time.perf_counter() - t0, 1),
+                   "loss_first_100": float(np.mean(log[:100])), "loss_last_100": float(np.mean(log[-100:]))}
+        if self.best is not None:
+            head.load_state_dict(self.best[2])
+            summary.update(best_step=self.best[1], best_val=self.best[0], val_curve=self.curve)
+        return head.eval(), [summary]
+
+
+def _last(steps: int, stop_after: int | None) -> int:
+    if stop_after is not None and stop_after < 0:
+        raise ValueError(f"stop_after must be >= 0, got {stop_after}")
+    return steps if stop_after is None else min(steps, stop_after)
 
 
 def _opt(head: torch.nn.Module, extra: list, lr: float, steps: int):
@@ -48,9 +118,14 @@ def _opt(head: torch.nn.Module, extra: list, lr: float, steps: int):
 
 
 def train_triplet(cache: dict, steps: int = 2000, triplets: int = 64, out_dim: int = 256, hidden: int = 0,
-                  lr: float = 1e-3, margin: float = 0.2, seed: int = 0, tokens: int = 10) -> tuple[TokenHead, list]:
-    """A head trained with random multi-vector triplets (module docstring); returns it and the loss log."""
-    head = _head(cache, out_dim, hidden, seed, tokens)
+                  lr: float = 1e-3, margin: float = 0.2, seed: int = 0, tokens: int = 10, anchor: float = 0.0,
+                  val: Callable[[TokenHead], float] | None = None, val_every: int = 100,
+                  stop_after: int | None = None) -> tuple[TokenHead, list]:
+    """A head trained with random multi-vector triplets (module docstring); returns it (with ``val``: the best
+    head by ``val``, checked every ``val_every`` steps and at step 0) and the loss log. ``stop_after``: stop after
+    that many steps of the ``steps``-long schedule (to reproduce an early-stopped run without its validation)."""
+    head = start_head(cache, out_dim, hidden, seed, tokens)
+    keep = _Keeper(head, anchor, val, val_every)
     opt, sched = _opt(head, [], lr, steps)
     labels = cache["labels"].numpy()
     by_class = {c: np.flatnonzero(labels == c) for c in np.unique(labels)}
@@ -58,7 +133,8 @@ def train_triplet(cache: dict, steps: int = 2000, triplets: int = 64, out_dim: i
     rng = np.random.default_rng([seed, 3])
     views = cache["tokens"].shape[1]
     log, t0 = [], time.perf_counter()
-    for step in range(steps):
+    for step in range(_last(steps, stop_after)):
+        keep.check(head, step)
         sched.step(step)
         c = rng.choice(classes, triplets)
         other = [(ci + rng.integers(1, len(classes))) % len(classes) for ci in c]
@@ -74,23 +150,24 @@ def train_triplet(cache: dict, steps: int = 2000, triplets: int = 64, out_dim: i
         neg = torch.einsum("bmd,btd->bmt", q, dn).amax(-1).sum(-1)
         loss = triplet_margin_losses(pos, neg, margin).mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss + keep.penalty(head)).backward()
         opt.step()
         log.append(float(loss.detach()))
-    return head.eval(), [{"steps": steps, "seconds": round(time.perf_counter() - t0, 1),
-                          "loss_first_100": float(np.mean(log[:100])), "loss_last_100": float(np.mean(log[-100:]))}]
+    return keep.finish(head, log, t0, _last(steps, stop_after))
 
 
 def train_dmcac(cache: dict, steps: int = 2000, batch: int = 32, top_k: int = 12, refresh_every: int = 200,
                 out_dim: int = 256, hidden: int = 0, lr: float = 1e-3, tau: float = 0.1, seed: int = 0,
-                tokens: int = 10) -> tuple[TokenHead, list]:
+                tokens: int = 10, anchor: float = 0.0, val: Callable[[TokenHead], float] | None = None,
+                val_every: int = 100, stop_after: int | None = None) -> tuple[TokenHead, list]:
     """A head trained with the DMCAC loss (module docstring); the CAC and CE heads are discarded. Returns the head
-    and the loss log."""
+    (with ``val``: the best by ``val``; ``stop_after`` as ``train_triplet``) and the loss log."""
     import faiss
 
     from training.dmcac.loss import DMCACLoss
 
-    head = _head(cache, out_dim, hidden, seed, tokens)
+    head = start_head(cache, out_dim, hidden, seed, tokens)
+    keep = _Keeper(head, anchor, val, val_every)
     labels = cache["labels"]
     classes = torch.unique(labels)
     remap = {int(c): i for i, c in enumerate(classes.tolist())}
@@ -108,7 +185,8 @@ def train_dmcac(cache: dict, steps: int = 2000, batch: int = 32, top_k: int = 12
     t = cache["tokens"]
     db, index = None, None
     log, t0 = [], time.perf_counter()
-    for step in range(steps):
+    for step in range(_last(steps, stop_after)):
+        keep.check(head, step)
         if step % refresh_every == 0:
             with torch.no_grad():
                 db = project(head, t[torch.from_numpy(db_idx), 0, 0])
@@ -128,24 +206,27 @@ def train_dmcac(cache: dict, steps: int = 2000, batch: int = 32, top_k: int = 12
             mask[b, : len(uniq)] = True
         out = loss_fn(views, ctx, mask, y[qi])
         opt.zero_grad(set_to_none=True)
-        out["loss"].backward()
+        (out["loss"] + keep.penalty(head)).backward()
         opt.step()
         log.append(float(out["loss"].detach()))
-    return head.eval(), [{"steps": steps, "seconds": round(time.perf_counter() - t0, 1),
-                          "loss_first_100": float(np.mean(log[:100])), "loss_last_100": float(np.mean(log[-100:]))}]
+    return keep.finish(head, log, t0, _last(steps, stop_after))
 
 
 @torch.no_grad()
-def evaluate(test: dict, head: TokenHead | None, tokens: int = 10, chunk: int = 500) -> dict[str, np.ndarray]:
-    """Leave-one-out per-query Recall@1 hits (0 / 1) on view 0 of ``test``: {"single": ..., "multi": ...}."""
+def evaluate(test: dict, head: TokenHead | None, tokens: int = 10, chunk: int = 500,
+             queries: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """Leave-one-out per-query Recall@1 hits (0 / 1, float, (Q,)) on view 0 of ``test``: every image (or the
+    images at ``queries``, (Q,) int64 indices) a query, all the other images the gallery.
+    {"single": ..., "multi": ...}."""
     t = test["tokens"][:, 0]
     labels = test["labels"]
     g = project(head, t[:, :tokens])
-    q_all = project(head, t)
+    q_idx = torch.arange(len(t)) if queries is None else torch.as_tensor(queries, dtype=torch.int64)
+    q_all = project(head, t[q_idx])
     out = {"single": [], "multi": []}
-    for i in range(0, len(t), chunk):
+    for i in range(0, len(q_idx), chunk):
         q = q_all[i : i + chunk]
-        rows = torch.arange(i, min(i + chunk, len(t)))
+        rows = q_idx[i : i + chunk]
         for name, scores in (("single", q[:, 0] @ g[:, 0].T), ("multi", maxsim_matrix(q, g))):
             scores[torch.arange(len(rows)), rows] = float("-inf")
             out[name].append((labels[scores.argmax(1)] == labels[rows]).numpy().astype(float))
