@@ -10,8 +10,8 @@ shipped), PCA start.
 Selection (never on the test classes): each recipe x grid point (learning rate, L2-SP ``anchor`` towards the PCA
 start) trains on the training images of classes ``--fold`` (0, 1, 2) only, so that classes 3 and 4 are unseen;
 its score is the MaxSim Recall@1 of the validation images of the unseen classes against all validation images
-(classes 0-4), every ``--val-every`` steps (early stopping), then at WiSE-FT mixes alpha in {0.25, 0.5, 0.75, 1}
-of the best head with its start. The best (grid point, step, alpha) of each recipe is retrained on all five
+(classes 0-4), every ``--val-every`` steps (early stopping), of the best of the head's WiSE-FT mixes with its start
+(alpha in {0.25, 0.5, 0.75, 1}). The best (grid point, step, alpha) of each recipe is retrained on all five
 training classes (same schedule, stopped at that step, mixed at that alpha) and evaluated once on the test
 images: leave-one-out Recall@1, single (token 0) and multi (MaxSim, 15 query tokens over the gallery's 10),
 untrained vs trained, paired bootstrap over queries; the PCA start's figures beside them.
@@ -79,18 +79,29 @@ def grid(lrs: list[float], anchors: list[float]) -> list[dict]:
 
 
 def select(name: str, fold_train: dict, val_fn, steps: int, val_every: int, points: list[dict], seed: int) -> dict:
-    """Every grid point of recipe ``name`` on the fold, early-stopped and WiSE-FT-mixed on ``val_fn``; the runs and
-    the best (point, step, alpha)."""
+    """Every grid point of recipe ``name`` on the fold, scored by ``val_fn`` at each checkpoint's best WiSE-FT mix
+    with the start (alpha in ``ALPHAS``); the runs and the best (point, step, alpha)."""
     start = start_head(fold_train, seed=seed)
     runs = []
     for point in points:
-        head, log = RECIPES[name](fold_train, steps=steps, seed=seed, val=val_fn, val_every=val_every, **point)
-        mixes = {str(a): float(val_fn(interpolate(start, head, a))) for a in ALPHAS}
-        alpha = max(ALPHAS, key=lambda a: mixes[str(a)])
-        runs.append({**point, "train": log[0], "wise_ft_val": mixes, "best": {
-            "step": log[0]["best_step"], "alpha": alpha, "val": mixes[str(alpha)]}})
-        print(name, json.dumps({k: v for k, v in runs[-1].items() if k != "train"}),
-              json.dumps(log[0]["val_curve"]), flush=True)
+        mixes: list[dict] = []
+
+        def mixed_val(head, mixes=mixes):
+            scores = {a: float(val_fn(interpolate(start, head, a))) for a in ALPHAS}
+            mixes.append({str(a): v for a, v in scores.items()})
+            return max(scores.values())
+
+        head, log = RECIPES[name](fold_train, steps=steps, seed=seed, val=mixed_val, val_every=val_every, **point)
+        curve = log[0].pop("val_curve")
+        for c, m in zip(curve, mixes, strict=True):
+            c["val_by_alpha"] = m
+        at = [c["step"] for c in curve].index(log[0]["best_step"])
+        alpha = max(ALPHAS, key=lambda a: (mixes[at][str(a)], a))  # ties: the larger step away from the start
+        runs.append({**point, "train": log[0], "val_curve": curve,
+                     "best": {"step": log[0]["best_step"], "alpha": alpha, "val": mixes[at][str(alpha)]}})
+        print(name, json.dumps(point), json.dumps(runs[-1]["best"]),
+              json.dumps([(c["step"], c["val_by_alpha"]["1.0"], max(c["val_by_alpha"].values())) for c in curve]),
+              flush=True)
     best = max(runs, key=lambda r: r["best"]["val"])
     return {"runs": runs, "chosen": {"lr": best["lr"], "anchor": best["anchor"], **best["best"]}}
 
@@ -105,7 +116,8 @@ def main() -> int:
     ap.add_argument("--fold", default="0,1,2", help="training classes the selection runs see")
     ap.add_argument("--lrs", default="1e-3,1e-4")
     ap.add_argument("--anchors", default="0,1")
-    ap.add_argument("--recipes", default="triplet,dmcac")
+    ap.add_argument("--recipes", default="triplet,dmcac", help="run in this order; with --json, a recipe not run "
+                    "keeps its entry from an earlier run of this script in that file")
     ap.add_argument("--steps", type=int, default=1500, help="schedule length (cosine, warm-up)")
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -142,11 +154,14 @@ def main() -> int:
         head, log = RECIPES[name](train, steps=args.steps, seed=args.seed, lr=c["lr"], anchor=c["anchor"],
                                   stop_after=c["step"])
         after = evaluate(test, interpolate(full_start, head, c["alpha"]))
-        report["recipes"][name] = {"selection": sel, "train": log[0], "seconds": round(time.perf_counter() - t0, 1),
+        report["recipes"][name] = {"command": report["command"], "selection": sel, "train": log[0],
+                                   "seconds": round(time.perf_counter() - t0, 1),
                                    **{k: compare(after[k], before[k]) for k in ("single", "multi")}}
         print(name, "chosen", json.dumps(c), "test", json.dumps({k: report["recipes"][name][k]
                                                                  for k in ("single", "multi")}), flush=True)
-        if args.json:  # after each recipe: a checkpoint of the report so far
+        if args.json:  # after each recipe: a checkpoint; the file's other recipes (run separately) are kept
+            old = json.loads(args.json.read_text()).get("recipes", {}) if args.json.is_file() else {}
+            report["recipes"] = {**{k: v for k, v in old.items() if "selection" in v}, **report["recipes"]}
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
