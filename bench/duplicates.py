@@ -110,6 +110,7 @@ def run_once(index: Path, config, threads: int | None, plan: bool = False) -> di
         t2 = time.perf_counter()
         return {"images": int(len(snap.store.live_ids)), "searched": run.searched, "reused_pairs": run.reused,
                 "candidate_pairs": len(run.stored.table), "timings_ms": run.timings_ms,
+                "join_stages": run.stored.settings.get("join"),
                 "group_ms": (t2 - t1) * 1e3, "wall_s": t2 - t0, "cpu_s": time.process_time() - cpu0,
                 "duplicate_groups": grouping.counts()["duplicate_groups"],
                 "images_per_s": run.searched / max(1e-9, run.timings_ms["join"] / 1e3),
@@ -175,6 +176,39 @@ def measured_run_with_files(index: Path, work: Path, config) -> dict:
             "located_per_verified": v.get("pairs_located", 0) / max(1, v.get("pairs_verified", 0))}
 
 
+def join_compare(index: Path, config, threads: int | None) -> dict:
+    """The self-join alone (``regis.duplicates.selfjoin.self_join``, the shipped floor and neighbours), vectorised
+    and image by image (``per_image``), one after the other on the same index: wall seconds and each stage's."""
+    from regis.duplicates.selfjoin import self_join
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index)
+    out = {}
+    try:
+        for name, per_image in (("vectorised", False), ("per_image", True)):
+            stats: dict = {}
+            t0 = time.perf_counter()
+            pairs = self_join(snap, floor=config.floor, neighbours=config.neighbours, depth=config.depth,
+                              threads=threads, stats=stats, per_image=per_image)
+            out[name] = {"wall_s": time.perf_counter() - t0, "pairs": len(pairs), "stages": stats,
+                         "loadavg_1m": os.getloadavg()[0]}
+            print(f"join {name}: {out[name]}", file=sys.stderr)
+    finally:
+        snap.close()
+    return out
+
+
+def estimate_at_rates(full: dict, rates: dict, n: int, target: int) -> dict:
+    """``estimate`` with verification's rates given (``--rates``: ms per feature extraction, per pair matched in
+    full, per pair searched by template, and the share of verified pairs searched by template) instead of
+    measured by a run with real files."""
+    measured = {"ms_per_feature_extraction": rates["feature_ms"], "ms_per_pair_verified": rates["match_ms"],
+                "ms_per_pair_located": rates["locate_ms"], "located_per_verified": rates["located_share"]}
+    out = estimate(full, measured, n, target)
+    out["rates"] = rates
+    return out
+
+
 def estimate(full: dict, measured: dict, n: int, target: int) -> dict:
     """Minutes for a full run on ``target`` images: the self-join, exact check and grouping as measured on ``n``
     (scaled by target / n when n is smaller), plus verification of the pairs the gate selected on this collection
@@ -212,12 +246,18 @@ def main() -> None:
     p.add_argument("--files-index", help="an index whose files exist (the labelled set's): a full run with the "
                    "shipped thresholds on a copy of it measures verification's rates")
     p.add_argument("--target-n", type=int, default=100_000)
+    p.add_argument("--compare-join", action="store_true", help="also time the self-join alone, vectorised and "
+                   "image by image, on the same index")
+    p.add_argument("--rates", help="verification's wall rates for the estimate when no --files-index run measures "
+                   "them: FEATURE_MS,MATCH_MS,LOCATE_MS,LOCATED_SHARE (ms per feature extraction, per pair "
+                   "matched in full, per pair searched by template; share of verified pairs searched by template)")
     p.add_argument("--json")
     args = p.parse_args()
 
     from regis.duplicates.config import DuplicateConfig, shipped_calibration
     from regis.models.registry import DEFAULT_BACKBONE
 
+    load0 = os.getloadavg()[0]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     real = real_tokens(Path(args.real))
@@ -232,13 +272,23 @@ def main() -> None:
         print(f"run with files: {measured}", file=sys.stderr)
     full = run_once(index, config, args.threads, plan=True)
     print(f"full self-join: {full}", file=sys.stderr)
+    compared = join_compare(index, config, args.threads) if args.compare_join else None
     added_s = add_images(index, db[args.n:])
     inc = run_once(index, config, args.threads)
     inc["add_commit_s"] = added_s
     print(f"incremental: {inc}", file=sys.stderr)
     out = {"command": " ".join(["python -m bench.duplicates", *sys.argv[1:]]), "real_images": int(len(real)),
            "n": args.n, "index": built, "config": config.model_dump(exclude={"calibration"}), "full": full,
-           "incremental": inc, "machine": machine_info(), "loadavg_1m_at_end": os.getloadavg()[0]}
+           "incremental": inc, "machine": machine_info(), "loadavg_1m_at_start": load0,
+           "loadavg_1m_at_end": os.getloadavg()[0]}
+    if compared is not None:
+        out["join_compare"] = compared
+    if measured is None and args.rates:
+        f, m, loc, share = (float(x) for x in args.rates.split(","))
+        out["estimate"] = estimate_at_rates(full, {"feature_ms": f, "match_ms": m, "locate_ms": loc,
+                                                   "located_share": share}, args.n, args.target_n)
+        print(f"{args.target_n} images: {out['estimate']['total_min']:.1f} min ({out['estimate']['what']}; rates "
+              f"given: {args.rates})", file=sys.stderr)
     if measured is not None:
         out["with_files"] = measured
         out["estimate"] = estimate(full, measured, args.n, args.target_n)

@@ -302,6 +302,33 @@ def test_real_photos_copy_found_crop_direction_right_other_shot_kept_apart(dup_i
 
 
 @pytest.mark.slow
+def test_batched_self_join_gives_the_per_image_pairs_on_real_photos(dup_index):
+    """The vectorised batch (one unique of (query, owner), one token read, vectorised floor and neighbour cut) keeps
+    exactly the pairs and scores of the image-by-image path, with a low floor and a cut that bites (ties included),
+    and says where its time went."""
+    from regis.duplicates.selfjoin import STAGES, self_join
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(dup_index)
+    try:
+        for floor, neighbours, batch in ((0.0, 2, 3), (0.3, 1, 256), (0.5, 16, 5)):
+            stats: dict = {}
+            fast = self_join(snap, floor=floor, neighbours=neighbours, batch=batch, stats=stats)
+            slow = self_join(snap, floor=floor, neighbours=neighbours, batch=batch, per_image=True)
+            assert len(fast) > 0
+            assert fast.a.tolist() == slow.a.tolist() and fast.b.tolist() == slow.b.tolist()
+            np.testing.assert_allclose(fast.s_ab, slow.s_ab, atol=1e-6)
+            np.testing.assert_allclose(fast.s_ba, slow.s_ba, atol=1e-6)
+            assert {f"{k}_ms" for k in STAGES} <= set(stats) and stats["pairs"] == len(fast)
+            assert stats["queries"] == len(snap.store.live_ids) and stats["candidates"] >= len(fast)
+        # a query subset: only its pairs
+        some = snap.store.live_ids[:2]
+        part = self_join(snap, query_ids=some, floor=0.0, neighbours=3)
+        assert len(part) > 0 and np.isin(part.a, some).__or__(np.isin(part.b, some)).all()
+    finally:
+        snap.close()
+
+
 def test_an_upload_joins_its_group_and_only_it_is_searched(dup_index, dup_folder, tmp_path):
     from fastapi.testclient import TestClient
 

@@ -344,8 +344,10 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         if len(missing):  # kept pairs stored before the template search
             _verify(old, records, resolve, config, workers, progress, missing, match=False)
         t1 = time.perf_counter()
+        join_stats: dict = {}
         cand = self_join(snapshot, query, floor=config.floor, neighbours=config.neighbours, depth=config.depth,
-                         threads=threads, progress=(lambda d, n: progress("search", d, n)) if progress else None)
+                         threads=threads, progress=(lambda d, n: progress("search", d, n)) if progress else None,
+                         stats=join_stats)
         new = PairTable.empty(len(cand))
         new.a, new.b, new.s_ab, new.s_ba = cand.a, cand.b, cand.s_ab, cand.s_ba
         t2 = time.perf_counter()
@@ -358,7 +360,7 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
                    "total": (time.perf_counter() - t0) * 1e3}
         settings = {"candidates": config.candidate_settings(), "searched": int(len(query)), "timings_ms": timings,
                     "from_version": prev.version if prev is not None else None, "reused_pairs": len(old),
-                    "verification": verified}
+                    "verification": verified, "join": join_stats}
         stored = StoredPairs(snapshot.version, table, ids, sha, settings)
         store.save(snapshot.index_dir, stored)
         return DuplicateRun(stored, int(len(query)), len(old), prev.version if prev is not None else None, timings)

@@ -18,6 +18,7 @@ With a low floor that search returns much of the collection for most queries: it
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from regis.indexes.snapshot import IndexSnapshot
 from regis.retrieve import candidates as cands
 
 DEFAULT_BATCH = 256  # query images per FAISS call
+STAGES = ("search", "candidates", "fetch", "score", "select", "merge")  # where a self-join's time goes
 
 
 @dataclass
@@ -107,6 +109,9 @@ class _Join:
         self.nprobe = nprobe or snapshot.manifest.faiss.nprobe
         self.threads = threads
         self.complete = complete
+        self.spent = dict.fromkeys(STAGES, 0.0)  # seconds per stage (``self_join``'s ``stats``)
+        self.scored = 0  # query-candidate pairs scored
+        self.per_image = complete  # score image by image (``one``): the range search of ``complete`` is per image
 
     def owners(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
@@ -124,6 +129,7 @@ class _Join:
         q = query
         cand = self.owners(token_ids.reshape(-1))
         cand = cand[cand != image_id]
+        self.scored += len(cand)
         fwd, rev = self.score(q, cand)
         best = np.maximum(fwd, rev)
         # the bound: an image none of whose tokens came back scores <= sum of the lists' last similarities
@@ -137,6 +143,7 @@ class _Join:
             found = cands.range_tokens(self.snapshot.faiss, query[which], radius, nprobe=self.nprobe,
                                        threads=self.threads)
             extra = np.setdiff1d(self.owners(found), np.append(cand, image_id))
+            self.scored += len(extra)
             if len(extra):
                 f2, r2 = self.score(q, extra)
                 cand, fwd, rev = np.concatenate([cand, extra]), np.concatenate([fwd, f2]), np.concatenate([rev, r2])
@@ -153,6 +160,10 @@ class _Join:
         return CandidatePairs(a, b, s_ab, s_ba)
 
     def batch(self, ids: np.ndarray) -> list[CandidatePairs]:
+        """The kept pairs of a batch of query images: one FAISS call for all their tokens, then the candidates
+        of every query at once (``vectorised``), or image by image with ``complete`` (its range search is per
+        image)."""
+        t0 = time.perf_counter()
         tokens = self.store.get(ids).astype(np.float32)
         b, t, d = tokens.shape
         if self.snapshot.faiss.ntotal == 0:
@@ -160,14 +171,79 @@ class _Join:
         depth = min(self.depth, int(self.snapshot.faiss.ntotal))
         sims, token_ids = faiss_index.search(self.snapshot.faiss, tokens.reshape(b * t, d), depth,
                                              nprobe=self.nprobe, threads=self.threads)
-        return [self.one(int(ids[i]), tokens[i], sims[i * t:(i + 1) * t], token_ids[i * t:(i + 1) * t])
-                for i in range(b)]
+        self.spent["search"] += time.perf_counter() - t0
+        if not self.per_image:
+            return [self.vectorised(ids, tokens, token_ids.reshape(b, t * depth))]
+        t1 = time.perf_counter()
+        out = [self.one(int(ids[i]), tokens[i], sims[i * t:(i + 1) * t], token_ids[i * t:(i + 1) * t])
+               for i in range(b)]
+        self.spent["score"] += time.perf_counter() - t1
+        return out
+
+    def vectorised(self, ids: np.ndarray, tokens: np.ndarray, token_ids: np.ndarray) -> CandidatePairs:
+        """``one`` for every query of a batch at once, with the same pairs and scores: the candidates of all
+        queries from one ``np.unique`` of (query, owner), their tokens read from the store once (the union), the
+        exact both-way MaxSim per query from one matrix product each, the floor and the per-query
+        ``neighbours`` cut vectorised (ties kept in the same order: by candidate id).
+
+        Args:
+            ids: (b,) int64 query image ids; tokens: (b, T, D) float32 their tokens; token_ids: (b, T * depth)
+                int64 FAISS token ids of their neighbours (-1: none).
+
+        Returns:
+            ``CandidatePairs`` of the batch (a < b; a pair found from both of its images appears twice, as with
+            ``one``: ``CandidatePairs.concat`` keeps one).
+        """
+        t0 = time.perf_counter()
+        b, t, d = tokens.shape
+        owner = np.where(token_ids >= 0, token_ids // self.T, -1)
+        query = np.repeat(np.arange(b, dtype=np.int64), owner.shape[1])
+        owner = owner.reshape(-1)
+        ok = owner >= 0
+        span = int(owner.max()) + 1 if ok.any() else 1
+        key = np.unique(query[ok] * span + owner[ok])  # sorted: by query, then candidate id
+        q, cand = key // span, key % span
+        keep = self.store.is_live(cand) & (cand != ids[q])
+        q, cand = q[keep], cand[keep]
+        self.scored += len(cand)
+        self.spent["candidates"] += time.perf_counter() - t0
+        if len(cand) == 0:
+            return CandidatePairs.empty()
+        t1 = time.perf_counter()
+        union, pos = np.unique(cand, return_inverse=True)
+        docs = self.store.get(union)  # (u, T', D) float16, read once for the batch
+        self.spent["fetch"] += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        fwd = np.empty(len(cand), np.float32)
+        rev = np.empty(len(cand), np.float32)
+        bounds = np.searchsorted(q, np.arange(b + 1))
+        for i in range(b):
+            lo, hi = bounds[i], bounds[i + 1]
+            if hi > lo:
+                fwd[lo:hi], rev[lo:hi] = both_ways(tokens[i], docs[pos[lo:hi]])
+        fwd /= self.T
+        rev /= self.T
+        self.spent["score"] += time.perf_counter() - t2
+        t3 = time.perf_counter()
+        best = np.maximum(fwd, rev)
+        keep = np.flatnonzero(best >= self.floor)
+        q, cand, fwd, rev, best = q[keep], cand[keep], fwd[keep], rev[keep], best[keep]
+        order = np.lexsort((-best, q))  # stable: equal scores stay in candidate order, as ``one``'s argsort
+        rank = np.arange(len(order)) - np.searchsorted(q[order], q[order])
+        keep = np.sort(order[rank < self.neighbours])
+        q, other, fwd, rev = q[keep], cand[keep], fwd[keep], rev[keep]
+        me = ids[q]
+        swap = other < me  # store each pair as (a < b)
+        out = CandidatePairs(np.where(swap, other, me).astype(np.int64), np.where(swap, me, other).astype(np.int64),
+                             np.where(swap, rev, fwd).astype(np.float32), np.where(swap, fwd, rev).astype(np.float32))
+        self.spent["select"] += time.perf_counter() - t3
+        return out
 
 
 def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floor: float = 0.45,
               neighbours: int = 16, depth: int | None = None, nprobe: int | None = None, batch: int = DEFAULT_BATCH,
               threads: int | None = None, progress: Callable[[int, int], None] | None = None,
-              complete: bool = False) -> CandidatePairs:
+              complete: bool = False, stats: dict | None = None, per_image: bool = False) -> CandidatePairs:
     """Candidate pairs of the index: each query image against every live image (module docstring).
 
     Args:
@@ -182,6 +258,12 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
         threads: FAISS threads (None: FAISS's default, every core).
         progress: called with (images searched, images to search) after each batch.
         complete: range-search saturated token lists so that no pair above the floor is missed (module docstring).
+        stats: if given, filled with the wall milliseconds of each of ``STAGES`` ("search": reading the queries'
+            tokens and the FAISS call; "candidates": their owners; "fetch": the candidates' tokens; "score":
+            both-way MaxSim; "select": floor and neighbours; "merge": one row per pair) and the counts
+            "queries", "candidates" (query-candidate pairs scored) and "pairs".
+        per_image: score the candidates image by image, each image's tokens read on its own (the path before the
+            batch was vectorised; the same pairs; ``python -m bench.duplicates --per-image`` compares them).
 
     Returns:
         ``CandidatePairs``, each pair once.
@@ -194,6 +276,7 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
     ids = snapshot.store.live_ids if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     ids = np.unique(ids[snapshot.store.is_live(ids)])
     join = _Join(snapshot, floor, neighbours, int(depth or snapshot.manifest.faiss.depth), nprobe, threads, complete)
+    join.per_image = join.per_image or per_image
     parts: list[CandidatePairs] = []
     # small products: one BLAS thread (process-wide while it runs: a concurrent search's NumPy products too)
     with threadpool_limits(limits=1, user_api="blas"):
@@ -201,4 +284,10 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
             parts += join.batch(ids[start:start + batch])
             if progress is not None:
                 progress(min(start + batch, len(ids)), len(ids))
-    return CandidatePairs.concat(parts)
+    t0 = time.perf_counter()
+    out = CandidatePairs.concat(parts)
+    join.spent["merge"] += time.perf_counter() - t0
+    if stats is not None:
+        stats.update({f"{k}_ms": v * 1e3 for k, v in join.spent.items()})
+        stats.update({"queries": int(len(ids)), "candidates": join.scored, "pairs": len(out)})
+    return out
