@@ -176,20 +176,22 @@ def measured_run_with_files(index: Path, work: Path, config) -> dict:
             "located_per_verified": v.get("pairs_located", 0) / max(1, v.get("pairs_verified", 0))}
 
 
-def join_compare(index: Path, config, threads: int | None) -> dict:
-    """The self-join alone (``regis.duplicates.selfjoin.self_join``, the shipped floor and neighbours), vectorised
-    and image by image (``per_image``), one after the other on the same index: wall seconds and each stage's."""
-    from regis.duplicates.selfjoin import self_join
+def join_compare(index: Path, config, threads: int | None, batches: list[int]) -> dict:
+    """The self-join alone (``regis.duplicates.selfjoin.self_join``, the shipped floor and neighbours), image by
+    image (``per_image``, the default batch) and vectorised with each of ``batches`` query images per FAISS call,
+    one after the other on the same index: wall seconds and each stage's."""
+    from regis.duplicates.selfjoin import DEFAULT_BATCH, self_join
     from regis.indexes.snapshot import IndexSnapshot
 
     snap = IndexSnapshot.open(index)
     out = {}
     try:
-        for name, per_image in (("vectorised", False), ("per_image", True)):
+        runs = [("per_image", True, DEFAULT_BATCH)] + [(f"vectorised/{b}", False, b) for b in batches]
+        for name, per_image, batch in runs:
             stats: dict = {}
             t0 = time.perf_counter()
             pairs = self_join(snap, floor=config.floor, neighbours=config.neighbours, depth=config.depth,
-                              threads=threads, stats=stats, per_image=per_image)
+                              threads=threads, stats=stats, per_image=per_image, batch=batch)
             out[name] = {"wall_s": time.perf_counter() - t0, "pairs": len(pairs), "stages": stats,
                          "loadavg_1m": os.getloadavg()[0]}
             print(f"join {name}: {out[name]}", file=sys.stderr)
@@ -246,8 +248,8 @@ def main() -> None:
     p.add_argument("--files-index", help="an index whose files exist (the labelled set's): a full run with the "
                    "shipped thresholds on a copy of it measures verification's rates")
     p.add_argument("--target-n", type=int, default=100_000)
-    p.add_argument("--compare-join", action="store_true", help="also time the self-join alone, vectorised and "
-                   "image by image, on the same index")
+    p.add_argument("--compare-join", help="also time the self-join alone on the same index, image by image and "
+                   "vectorised with each of these query batches (e.g. 256,1024)")
     p.add_argument("--rates", help="verification's wall rates for the estimate when no --files-index run measures "
                    "them: FEATURE_MS,MATCH_MS,LOCATE_MS,LOCATED_SHARE (ms per feature extraction, per pair "
                    "matched in full, per pair searched by template; share of verified pairs searched by template)")
@@ -272,7 +274,8 @@ def main() -> None:
         print(f"run with files: {measured}", file=sys.stderr)
     full = run_once(index, config, args.threads, plan=True)
     print(f"full self-join: {full}", file=sys.stderr)
-    compared = join_compare(index, config, args.threads) if args.compare_join else None
+    compared = (join_compare(index, config, args.threads, [int(x) for x in args.compare_join.split(",")])
+                if args.compare_join else None)
     added_s = add_images(index, db[args.n:])
     inc = run_once(index, config, args.threads)
     inc["add_commit_s"] = added_s
