@@ -26,6 +26,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("indexes", nargs="+")
     p.add_argument("--json")
+    p.add_argument("--labelled", help="the labelled set's files folder (scripts/eval_duplicates.py's WORK/debian-s0/"
+                   "files): the pairs lost and gained on the index built from it, by label")
     args = p.parse_args()
 
     from regis.duplicates.config import shipped_calibration
@@ -35,8 +37,21 @@ def main() -> None:
 
     cfg = shipped_calibration(DEFAULT_BACKBONE)
     out = {}
+    labels = None
     for path in args.indexes:
         snap = IndexSnapshot.open(path)
+        if args.labelled and path == args.indexes[0]:
+            from regis.data.near_duplicates import LabelledSet, labelled_pairs
+
+            recs = snap.table.get_many(snap.store.live_ids.tolist())
+            labels = labelled_pairs(LabelledSet.load(args.labelled).items)
+
+            def by_label(keys: set, recs=recs, labels=labels) -> dict:
+                got: dict = {}
+                for a, b in keys:
+                    lab = labels.get(tuple(sorted((recs[a].path, recs[b].path))), ("unrelated",))[0]
+                    got[lab] = got.get(lab, 0) + 1
+                return got
         ref = None
         for npb in (32, 16, 8, 4):
             st: dict = {}
@@ -47,6 +62,9 @@ def main() -> None:
             ref = keys if ref is None else ref
             row = {"wall_s": wall, "search_s": st["search_ms"] / 1e3, "pairs": len(pairs), "lost": len(ref - keys),
                    "new": len(keys - ref), "load": os.getloadavg()[0]}
+            if labels is not None and path == args.indexes[0]:
+                row["lost_by_label"] = by_label(ref - keys)
+                row["new_by_label"] = by_label(keys - ref)
             out[f"{path}@{npb}"] = row
             print(path, npb, row, file=sys.stderr, flush=True)
         snap.close()
