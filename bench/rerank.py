@@ -8,7 +8,9 @@ best of ``--repeats`` calls, on ``--threads`` torch threads::
 
 ``default`` in ``--chunks`` is ``gemm_chunk_docs``'s choice (cache-sized on a CPU). Form ``wide`` is
 ``maxsim_gemm`` ((m, D) @ (D, c * n)); ``tall`` is the same scores as (c * n, D) @ (D, m), the product
-``maxsim_gemm`` used before (kept here for comparison).
+``maxsim_gemm`` used before (kept here for comparison); ``best2`` is ``maxsim_gemm`` with ``framings=2`` (an index
+of two framings scored apart, ``EncoderConfig.framing_score`` "best": the same product, each image's better
+framing kept), e.g. ``--tokens 20 --query-tokens 30 --dim 256 --forms wide,best2``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def maxsim_tall(query: torch.Tensor, docs: torch.Tensor, chunk_size: int) -> tor
     return torch.cat(out)
 
 
-FORMS = {"wide": maxsim_gemm, "tall": maxsim_tall}
+FORMS = {"wide": maxsim_gemm, "tall": maxsim_tall, "best2": functools.partial(maxsim_gemm, framings=2)}
 
 
 def best_ms(fn, repeats: int) -> float:
@@ -54,16 +56,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--candidates", default="500,1000,2000", help="comma-separated candidate counts N")
     p.add_argument("--chunks", default="8192,256,default,32", help="comma-separated documents per GEMM")
-    p.add_argument("--tokens", type=int, default=10, help="tokens per image (n) and per query (m)")
+    p.add_argument("--tokens", type=int, default=10, help="tokens per image (n), and per query (m) by default")
+    p.add_argument("--query-tokens", type=int, default=None, help="tokens per query (m; default: --tokens)")
     p.add_argument("--dim", type=int, default=1280)
-    p.add_argument("--forms", default="wide,tall", help="comma-separated: wide (maxsim_gemm), tall (the former form)")
+    p.add_argument("--forms", default="wide,tall",
+                   help="comma-separated: wide (maxsim_gemm), tall (the former form), best2 (two framings apart)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=9)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print_machine({"bench": "rerank", "threads": args.threads, "tokens": args.tokens, "dim": args.dim})
+    m = args.query_tokens or args.tokens
+    print_machine({"bench": "rerank", "threads": args.threads, "tokens": args.tokens, "query_tokens": m,
+                   "dim": args.dim})
     rng = np.random.default_rng(0)
-    query = torch.from_numpy(rng.standard_normal((args.tokens, args.dim)).astype(np.float32))
+    query = torch.from_numpy(rng.standard_normal((m, args.dim)).astype(np.float32))
     print("| candidates | chunk (docs per GEMM) | form | ms per rerank |")
     print("|---|---|---|---|")
     for n in [int(x) for x in args.candidates.split(",")]:

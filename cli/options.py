@@ -30,10 +30,11 @@ RoiImageSize = Annotated[
 ]
 Frame = Annotated[
     str | None,
-    typer.Option("--frame", help="How an image becomes the encoder's input: center-crop (default: the central "
-                 "square), pad, squash, aspect (CNNs: the whole image, aspect ratio kept; ViTs: pad), or "
-                 "center-crop+aspect (CNNs: both framings' tokens per image, twice the tokens and encoder time). "
-                 "Recorded in the index; its queries use it. docs/RESULTS.md, \"Framing\"."),
+    typer.Option("--frame", help="How an image becomes the encoder's input: center-crop (the central square; "
+                 "default for ViTs), pad, squash, aspect (CNNs: the whole image, aspect ratio kept; ViTs: pad), or "
+                 "center-crop+aspect (default for new CNN indexes: both framings' tokens per image, each image "
+                 "scored by its better framing; twice the tokens and encoder time). Recorded in the index; its "
+                 "queries use it. docs/RESULTS.md, \"Framing\"."),
 ]
 QueryLayout = Annotated[
     str | None,

@@ -60,7 +60,8 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     existing = collection if is_sharded(collection) else None  # encoder_for: its first shard with a version
     o = encoder_options
     encoder = encoder_for(existing, o["backbone"], o["weights"], o["random_init"], o["roi_size"], o["cue_method"],
-                          o["device"], o.get("roi_image_size"), o.get("frame"), o.get("query_layout"))
+                          o["device"], o.get("roi_image_size"), o.get("frame"), o.get("query_layout"),
+                          new_cnn_frame="center-crop")  # square inputs: not the two-framing default of new indexes
     from regis.errors import ConfigError
     from regis.models.geometry import is_aspect
 

@@ -16,19 +16,23 @@ def encoder_for(
     roi_image_size: int | None = None,
     frame: str | None = None,
     query_layout: str | None = None,
+    new_cnn_frame: str | None = None,
 ):
     """The encoder a command should use.
 
     With no encoder option given and an existing index: the index's own encoder (rebuilt from its manifest and
     checked against its weights checksum; a sharded collection's: its first shard with a version). Otherwise:
     the encoder the options describe (``regis.models.encoder.build_encoder``; ``roi_image_size`` 0 means one
-    backbone pass; ``frame`` and ``query_layout``: ``EncoderConfig``'s, e.g. "aspect" and "tokens"). An index keeps
-    the frame and query layout its manifest records: its queries are encoded with them.
+    backbone pass; ``frame`` and ``query_layout``: ``EncoderConfig``'s, e.g. "aspect" and "tokens"; without
+    ``frame`` a new index of a CNN gets ``DEFAULT_CNN_INDEX_FRAME``, both framings scored apart, and a ViT the
+    centre crop; ``new_cnn_frame``: another frame for that case, e.g. the square inputs of a Ray build). An index
+    keeps the frame and query layout its manifest records: its queries are encoded with them.
     """
     from regis.errors import IndexFormatError
     from regis.indexes.layout import VERSIONS_DIR, read_current
     from regis.indexes.manifest import read_manifest
     from regis.indexes.weights_copy import stored_weights
+    from regis.models.config import DEFAULT_CNN_INDEX_FRAME
     from regis.models.encoder import build_encoder, encoder_from_manifest
     from regis.sharding.layout import first_versioned_shard, is_sharded
 
@@ -48,7 +52,11 @@ def encoder_for(
         stored = stored_weights(index_dir, manifest.weights)
         return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device,
                                      stored=str(stored) if stored else None)
+    # a new index of a CNN: both framings (DEFAULT_CNN_INDEX_FRAME); an existing index keeps the frame it was built with
+    cnn_frame = read_manifest(index_dir / VERSIONS_DIR / current).encoder.frame if current is not None \
+        else new_cnn_frame or DEFAULT_CNN_INDEX_FRAME
     return build_encoder(
         backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, roi_size=roi_size,
         cue_method=cue_method, device=device, roi_image_size=roi_image_size, frame=frame, query_layout=query_layout,
+        cnn_frame=cnn_frame,
     )

@@ -162,10 +162,11 @@ class CollectionCreate(BaseModel):
                                              "token head, 256-d tokens)")
     random_init: bool = Field(default=False, description="random weights (tests only)")
     frame: FrameName | None = Field(
-        default=None, description="how an image becomes the encoder's input: center-crop (the central square, the "
-                                  "default), pad, squash, aspect (CNNs: the whole image, aspect ratio kept; ViTs: "
-                                  "pad), or center-crop+aspect (CNNs: both framings' tokens per image, twice the "
-                                  "tokens and encoder time). The index records it; its queries use it.")
+        default=None, description="how an image becomes the encoder's input: center-crop (the central square; the "
+                                  "default for ViTs), pad, squash, aspect (CNNs: the whole image, aspect ratio kept; "
+                                  "ViTs: pad), or center-crop+aspect (the default for CNNs: both framings' tokens "
+                                  "per image, each image scored by its better framing; twice the tokens and encoder "
+                                  "time). The index records it; its queries use it.")
     query_layout: QueryLayoutName | None = Field(
         default=None, description="a query's tokens: tokens (the indexed ones) or tokens+roi-cues (CNN with a ROI "
                                   "pass; the default for new CNN collections). The index records it.")

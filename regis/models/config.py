@@ -50,7 +50,10 @@ TWO_FRAMINGS = "center-crop+aspect"  # CNNs: every image indexed with the tokens
 # cases", fourth round. A manifest or run config without the field means "tokens".
 QUERY_LAYOUTS = ("tokens", "tokens+roi-cues")
 DEFAULT_CNN_QUERY_LAYOUT = "tokens+roi-cues"
-DEFAULT_FRAME = "center-crop"  # for new encoders; a manifest without the field means "center-crop"
+DEFAULT_FRAME = "center-crop"  # build_encoder's default; a manifest without the field means "center-crop"
+# New CNN indexes and collections (``regis.index_encoder.encoder_for``): both framings, scored apart ("best");
+# chosen by measurement, docs/RESULTS.md section 6. ViTs keep ``DEFAULT_FRAME``.
+DEFAULT_CNN_INDEX_FRAME = "center-crop+aspect"
 # How MaxSim scores an image of two framings (``EncoderConfig.framing_score``): "union", one MaxSim of all the
 # query's tokens over all the image's (what "center-crop+aspect" indexes built before the field used; a manifest
 # without it means "union"); "best", each framing's query tokens against the image's tokens of the same framing,

@@ -308,6 +308,7 @@ def build_encoder(
     roi_image_size: int | None = None,
     query_layout: str | None = None,
     framing_score: str | None = None,
+    cnn_frame: str | None = None,
 ) -> RegisEncoder:
     """Build an encoder from the registry, loading weights as asked.
 
@@ -323,7 +324,7 @@ def build_encoder(
         image_size: input side in pixels (crop and resize), CNN backbones only; default: the stored run
             config's, else the registry's (224 for the real backbones).
         frame: "center-crop", "squash", "pad", "aspect" or "center-crop+aspect" (CNNs; ``EncoderConfig.frame``);
-            default: the stored run config's, else ``DEFAULT_FRAME``.
+            default: the stored run config's, else ``cnn_frame`` for a CNN when given, else ``DEFAULT_FRAME``.
         roi_image_size: CNN only: side (px) of the second pass the ROI tokens are read from
             (``EncoderConfig.roi_image_size``); 0: one pass. Default: the stored run config's (a run without
             the field: one pass), else ``default_roi_image_size(image_size)`` (224 -> 160 px).
@@ -333,6 +334,8 @@ def build_encoder(
         framing_score: "union" or "best" (``EncoderConfig.framing_score``), two framings only. Default: the stored
             run config's (a run of two framings), else ``DEFAULT_FRAMING_SCORE`` ("best") with two framings,
             "union" with one.
+        cnn_frame: a CNN's frame when neither ``frame`` nor the stored run config names one (new indexes:
+            ``DEFAULT_CNN_INDEX_FRAME``, ``regis.index_encoder.encoder_for``); ignored for ViTs.
 
     Returns:
         A ``RegisEncoder`` whose ``config`` and ``weights_info`` describe it fully.
@@ -374,12 +377,15 @@ def build_encoder(
         raise ConfigError(f"{spec.name} takes {spec.image_size} px inputs; image size {size} applies to CNNs only")
     if frame is not None and frame not in FRAMES:
         raise ConfigError(f"frame must be one of {FRAMES}, got {frame!r}")
+    if framing_score is not None and framing_score not in FRAMING_SCORES:
+        raise ConfigError(f"framing score must be one of {FRAMING_SCORES}, got {framing_score!r}")
+    if cnn_frame is not None and cnn_frame not in FRAMES:
+        raise ConfigError(f"frame must be one of {FRAMES}, got {cnn_frame!r}")
+    frame = frame or stored.get("frame") or (cnn_frame if cnn_frame and spec.kind == "cnn" else DEFAULT_FRAME)
     if frame == TWO_FRAMINGS and spec.kind != "cnn":
         raise ConfigError(f"frame {TWO_FRAMINGS!r} needs a CNN backbone (its aspect framing feeds non-square "
                           f"inputs), not {spec.name}")
-    if framing_score is not None and framing_score not in FRAMING_SCORES:
-        raise ConfigError(f"framing score must be one of {FRAMING_SCORES}, got {framing_score!r}")
-    two = (frame or stored.get("frame", DEFAULT_FRAME)) == TWO_FRAMINGS
+    two = frame == TWO_FRAMINGS
     kept = stored.get("framing_score") if stored.get("frame") == TWO_FRAMINGS else None  # a two-framing run's
     framings_scored = framing_score or kept or (DEFAULT_FRAMING_SCORE if two else "union")
     if framings_scored == "best" and not two:
@@ -422,7 +428,7 @@ def build_encoder(
         image_size=size,
         roi_image_size=roi_pass,
         resize_size=resize,
-        frame=frame or stored.get("frame", DEFAULT_FRAME),
+        frame=frame,
         mean=tuple(cfg.get("mean", (0.485, 0.456, 0.406))),
         std=tuple(cfg.get("std", (0.229, 0.224, 0.225))),
         query_layout=layout,
