@@ -249,17 +249,28 @@ def table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Latency and resident memory against images, log-log, with exact MaxSim's latency for reference."""
+    """Latency and resident memory against images, log-log, with exact MaxSim's latency for reference.
+
+    A size measured in several runs (``--rows`` of several files, or ``--sizes 10000,100000,10000,100000``) is
+    drawn as one dot per run and lines through the per-size medians."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n = [r["images"] for r in rows]
+    sizes = sorted({r["images"] for r in rows})
+    runs = {m: [r for r in rows if r["images"] == m] for m in sizes}
+    rows = [{**runs[m][0], **{key: float(np.median([r[key] for r in runs[m]]))  # a size measured twice: medians
+                              for key, v in runs[m][0].items() if isinstance(v, float)}} for m in sizes]
+    n = sizes
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     a.loglog(n, [r["p50_ms_warm"] for r in rows], "o-", label="regis p50 (1 thread)")
     a.loglog(n, [r["p99_ms_warm"] for r in rows], "s--", label="regis p99 (1 thread)")
     a.loglog(n, [r["exact_p50_ms"] for r in rows], "^-", color="grey", label="exact MaxSim p50 (torch, 1 thread)")
+    if any(len(v) > 1 for v in runs.values()):  # every run as a dot, the lines through the medians
+        for key, colour in (("p50_ms_warm", "C0"), ("exact_p50_ms", "grey")):
+            a.scatter([m for m in sizes for _ in runs[m]], [r[key] for m in sizes for r in runs[m]], s=10,
+                      color=colour, alpha=0.5)
     a.axhline(30, color="red", lw=0.8, ls=":", label="target p50 at 1M: 30 ms")
     a.set_xlabel("images")
     a.set_ylabel("ms per query (no encoding)")
