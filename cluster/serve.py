@@ -12,6 +12,11 @@ Deployments:
   same version and parameters as one batched search. Shard ``s`` goes to deployment ``s % D``: a collection
   re-sharded while served (``regis.sharding.reshard``) is served by the deployments there are. Replicas:
   ``--replicas`` / ``REGIS_RAY_SHARD_REPLICAS``; a call whose replica dies is resent (``_RayCall``).
+- Or no shard deployment at all (``REGIS_RAY_SHARD_PLACEMENT=ingress``, and "auto", the default, on a one-node
+  cluster with no shard setting given): each ingress replica opens every shard itself (``LocalShards``) and
+  searches them in its own process, as ``regis serve`` does a sharded collection: no Ray Serve call per shard,
+  no tokens or results serialised, the batch's queries in one batched search per shard. (On 2 cores the shard
+  deployments' calls cost more CPU than the search itself: BENCHMARKS.md section 6.)
 - Requests in flight per replica: ``REGIS_RAY_{INGRESS,ENCODER,SHARD}_MAX_ONGOING_REQUESTS`` (Ray Serve's
   ``max_ongoing_requests``; docs/SCALE.md).
 - ``Ingress``: the FastAPI app of ``regis serve`` itself (``service.app.create_app``: the same routes,
@@ -326,7 +331,7 @@ def _ray_live(service: Settings, engine: ShardedQueryEngine):
             return {"shards": "ok"}
 
         def close(self) -> None:
-            pass
+            self.engine.close()  # local shards (shard_placement "ingress"): their open snapshots; else nothing
 
     live = RayLive(service)
     live.load()
@@ -347,7 +352,12 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
         from service.live import IndexWatcher
 
         manifest = collection_manifest(service.index_dir)
-        clients = [RayShard(h, settings.shard_timeout_s) for h in shards]
+        if shards:
+            clients = [RayShard(h, settings.shard_timeout_s) for h in shards]
+        else:  # every shard searched here (shard_placement "ingress")
+            from regis.sharding.engine import LocalShards
+
+            clients = [LocalShards(service.index_dir, service.device)]
         common = dict(max_pixels=service.max_pixels, on_missing=settings.on_missing_shards,
                       refresh=False)  # no blocking call on the event loop: the watcher's first poll fills versions
         if encoder is None:
@@ -395,16 +405,17 @@ class Ingress:
         weights: weights path overriding the manifest's ``file:`` source (an encoder in the ingress).
         encoder: handle of the ``Encoder`` deployment, or None: queries are encoded in the ingress.
         writer: handle of the ``Writer`` deployment (``cluster.writes``), or None (read-only, or Redis jobs).
-        *shards: handles of the shard deployments, in order (shard ``s`` goes to ``shards[s % len(shards)]``).
+        *shards: handles of the shard deployments, in order (shard ``s`` goes to ``shards[s % len(shards)]``);
+            none when the shards are searched in the ingress (``settings.shard_placement`` "ingress").
 
     Raises:
-        ValueError: no shard deployment.
+        ValueError: no shard deployment, and the shards are not searched in the ingress.
     """
 
     def __init__(self, service: Settings, settings: RaySettings, weights: str | None, encoder, writer, *shards):
         replica_on_loopback()
-        if not shards:
-            raise ValueError("the ingress needs at least one shard deployment")
+        if not shards and settings.shard_placement != "ingress":
+            raise ValueError("the ingress needs at least one shard deployment (or REGIS_RAY_SHARD_PLACEMENT=ingress)")
         self.service, self.settings, self.weights = service, settings, weights
         self.encoder, self.writer, self.shards = encoder, writer, list(shards)
 
@@ -416,9 +427,11 @@ class Ingress:
 
 
 def build_app(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None):
-    """The Serve application: ``Ingress`` bound to the encoder and one deployment per shard, each with its
-    replicas, CPUs (GPUs) and ``max_ongoing_requests`` from ``settings`` (never Ray's default of 5 in flight; a
-    CPU request left unset: its full share, ``cluster.resources.FULL_SHARE``; ``start`` sizes them first).
+    """The Serve application: ``Ingress`` bound to the encoder and one deployment per shard (none when
+    ``settings.shard_placement`` is "ingress"; "auto" here means deployments: ``start`` resolves it from the
+    cluster first), each with its replicas, CPUs (GPUs) and ``max_ongoing_requests`` from ``settings`` (never Ray's
+    default of 5 in flight; a CPU request left unset: its full share, ``cluster.resources.FULL_SHARE``; ``start``
+    sizes them first).
 
     Raises:
         IndexFormatError: ``collection`` is not a sharded collection.
@@ -441,7 +454,7 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
                             max_ongoing_requests=settings.shard_max_ongoing_requests,
                             ray_actor_options={"num_cpus": cpus["shard"]}, logging_config=quiet
                             ).bind(collection, s, settings)
-              for s in range(layout["num_shards"])]
+              for s in range(0 if settings.shards_in_ingress() else layout["num_shards"])]
     service = service.model_copy(update={"index_dir": Path(collection)})
     writer = None
     if needs_writer(service):
@@ -472,7 +485,9 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
           say=None) -> str:
     """Deploy the application on the Ray cluster this process is connected to (else ``ray.init`` with
     ``settings.address``, as Ray does: ``cluster.connect`` starts a local cluster when there is none), with the
-    CPU requests left unset sized from the cluster (``cluster.resources``), and wait until it runs.
+    CPU requests left unset sized from the cluster (``cluster.resources``) and the shards' placement resolved from
+    its nodes (``RaySettings.shards_in_ingress``: in the ingress on a one-node cluster by default), and wait until
+    it runs.
 
     Args:
         say: prints a line for the user (default: the log).
@@ -492,10 +507,15 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
     if not ray.is_initialized():
         ray.init(address=settings.address, namespace=settings.namespace, log_to_driver=False)
     num_shards = read_layout(collection)["num_shards"]
-    sizing = size_requests(settings, num_shards, *cluster_cpus(), writer=needs_writer(service))
+    nodes, free = cluster_cpus()
+    local = settings.shards_in_ingress(len(nodes))
+    settings = settings.model_copy(update={"shard_placement": "ingress" if local else "deployment"})
+    sizing = size_requests(settings, 0 if local else num_shards, nodes, free, writer=needs_writer(service))
     settings = sized_settings(settings, sizing)
     encoders = "encoder in the ingress" if settings.encoder_in_ingress() else f"{settings.encoder_replicas} encoder(s)"
-    say(f"regis: deploying {num_shards} shard(s) x {settings.shard_replicas} replica(s), {encoders}, "
+    shards = (f"{num_shards} shard(s) searched in the ingress" if local
+              else f"{num_shards} shard(s) x {settings.shard_replicas} replica(s)")
+    say(f"regis: deploying {shards}, {encoders}, "
         f"{settings.ingress_replicas} ingress: {sizing.describe()}"
         + ("" if sizing.fits else " (more than the cluster has free: waiting for resources)"))
     serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings),

@@ -26,6 +26,13 @@ class RaySettings(BaseSettings):
             replica, with ``regis serve``'s dynamic batching, ``REGIS_BATCH_*``: no hop for the query's pixels;
             the faster choice on CPUs, BENCHMARKS.md section 6), or "auto" (default: "deployment" when
             ``encoder_num_gpus`` > 0, else "ingress").
+        shard_placement: where the shards are searched: "deployment" (one ``shard-NNN`` deployment per shard, its
+            own replicas: calls from the ingress over Ray Serve), "ingress" (every shard opened in each ingress
+            replica, searched in its process as ``regis serve`` searches a sharded collection: no call, no
+            serialised tokens or results, no shard replicas; each ingress replica holds every shard in memory),
+            or "auto" (default: "ingress" when the Ray cluster has one node and no shard setting asks for
+            deployments (``shard_replicas`` 1, ``shard_num_cpus`` unset), else "deployment"; resolved by
+            ``cluster.serve.start`` from the nodes alive then: BENCHMARKS.md section 6).
         encoder_replicas: encoder deployment replicas.
         encoder_num_cpus, encoder_num_gpus: resources per encoder replica (GPU > 0 encodes on CUDA in bf16).
             ``encoder_num_cpus``, ``shard_num_cpus``, ``ingress_num_cpus`` unset (None): sized from the cluster's
@@ -75,6 +82,7 @@ class RaySettings(BaseSettings):
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = "EveryNode"
     app_name: str = Field(default="regis", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     encoder_placement: Literal["auto", "ingress", "deployment"] = "auto"
+    shard_placement: Literal["auto", "ingress", "deployment"] = "auto"
     encoder_replicas: int = Field(default=1, ge=1, le=1024)
     encoder_num_cpus: float | None = Field(default=None, ge=0, le=256)
     encoder_num_gpus: float = Field(default=0.0, ge=0, le=16)
@@ -117,6 +125,16 @@ class RaySettings(BaseSettings):
                                  f"({self.max_batch_size}), else a @serve.batch never fills; raise "
                                  f"REGIS_RAY_{name.upper()} or lower REGIS_RAY_MAX_BATCH_SIZE")
         return self
+
+    def shards_in_ingress(self, nodes: int | None = None) -> bool:
+        """Whether the shards are searched in the ingress (``shard_placement``; "auto" needs the number of alive
+        nodes, ``nodes``: without it, "auto" means deployments, as for an application built for a cluster).
+
+        Args:
+            nodes: the Ray cluster's alive nodes (None: unknown)."""
+        if self.shard_placement != "auto":
+            return self.shard_placement == "ingress"
+        return nodes == 1 and self.shard_replicas == 1 and self.shard_num_cpus is None
 
     def encoder_in_ingress(self) -> bool:
         """Whether queries are encoded in the ingress (``encoder_placement``)."""

@@ -32,9 +32,14 @@ def test_serve_start_gets_the_keep_alive_of_regis_serve(tmp_path, monkeypatch):
     monkeypatch.setattr(cluster.serve, "wait_until_running", lambda *args, **kwargs: calls.update(wait=args))
     settings = RaySettings(http_port=8123)
     cluster.serve.start(tmp_path, Settings(index_dir=tmp_path), settings)
-    sized = calls["app"][2]  # the settings the deployments get: CPU requests sized to fit 2 CPUs
-    assert sized.encoder_in_ingress() and 2 * sized.shard_num_cpus + sized.ingress_num_cpus <= 2.0
+    sized = calls["app"][2]  # the settings the deployments get: one node, so the shards are searched in the ingress
+    assert sized.encoder_in_ingress() and sized.shard_placement == "ingress" and sized.ingress_num_cpus == 1.0
     assert calls["wait"][0] == settings.app_name and calls["wait"][2] == settings.start_timeout_s
+    # two nodes: one deployment per shard, CPU requests sized to fit
+    monkeypatch.setattr(cluster.resources, "cluster_cpus", lambda: ([1.0, 1.0], 2.0))
+    cluster.serve.start(tmp_path, Settings(index_dir=tmp_path), settings)
+    sized = calls["app"][2]
+    assert sized.shard_placement == "deployment" and 2 * sized.shard_num_cpus + sized.ingress_num_cpus <= 2.0
 
     options = calls["start"]["http_options"]
     assert options == {"host": settings.http_host, "port": 8123, "keep_alive_timeout_s": 62}
@@ -88,6 +93,10 @@ def test_every_deployment_gets_its_max_ongoing_requests_from_the_settings(tmp_pa
     assert {d.name: d.ray_actor_options["num_cpus"] for d in built.deployments} == {
         "Ingress": 1.0, "shard-000": 0.5, "shard-001": 0.5}
     assert RaySettings(encoder_num_gpus=1).encoder_in_ingress() is False
+    # shards searched in the ingress: no shard deployment, the ingress alone
+    built = ray_build_app(cluster.serve.build_app(tmp_path, Settings(index_dir=tmp_path),
+                                                  RaySettings(shard_placement="ingress")), name="regis-test")
+    assert {d.name: d.ray_actor_options["num_cpus"] for d in built.deployments} == {"Ingress": 1.0}
     assert built.ingress_deployment_name == "Ingress"
     defaults = RaySettings()
     assert min(defaults.ingress_max_ongoing_requests, defaults.encoder_max_ongoing_requests,
@@ -112,3 +121,13 @@ def test_the_rayservice_settings_are_valid_ray_settings(monkeypatch):
         monkeypatch.setenv(name, value)
     settings = RaySettings()  # refused if the GPU batch size outgrows what a replica admits
     assert settings.encoder_max_ongoing_requests >= 2 * settings.max_batch_size == 128
+
+
+def test_the_shards_are_searched_in_the_ingress_on_one_node_unless_a_shard_setting_asks_for_deployments():
+    assert RaySettings().shards_in_ingress(1) is True
+    assert RaySettings().shards_in_ingress(2) is False
+    assert RaySettings().shards_in_ingress(None) is False  # an application built for a cluster (KubeRay)
+    assert RaySettings(shard_replicas=2).shards_in_ingress(1) is False
+    assert RaySettings(shard_num_cpus=0.5).shards_in_ingress(1) is False
+    assert RaySettings(shard_placement="deployment").shards_in_ingress(1) is False
+    assert RaySettings(shard_placement="ingress").shards_in_ingress(3) is True
