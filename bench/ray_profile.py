@@ -55,6 +55,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--py-spy", required=True, help="the py-spy executable")
     p.add_argument("--n-db", type=int, default=10_000)
+    p.add_argument("--tokens", choices=["corpus", "synthetic"], default="corpus", help="bench.service.build_index")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--ray-cpus", type=int, default=2)
     p.add_argument("--placement", default="auto", help="RaySettings.encoder_placement")
@@ -68,7 +69,7 @@ def main() -> None:
 
     print_machine({"bench": "ray_profile", "n_db": args.n_db, "shards": args.shards, "clients": args.clients,
                    "requests": args.requests})
-    index = build_index(args.n_db, "corpus")
+    index = build_index(args.n_db, args.tokens)
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     args.out.mkdir(parents=True, exist_ok=True)

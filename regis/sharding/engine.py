@@ -215,7 +215,9 @@ class LiveShards:
 
 class LocalShards:
     """Shard client over every shard of the collection, opened in this process (``LiveShards``; calls run at
-    once, in the caller's thread)."""
+    once, in the caller's thread, so a batched search takes the caller's FAISS thread count: ``in_process``)."""
+
+    in_process = True
 
     def __init__(self, collection: Path | str, device: str = "cpu"):
         self.live = LiveShards(collection, device)
@@ -533,8 +535,9 @@ class ShardedQueryEngine(QueryEngine):
                             ) -> list[dict]:
         """``search_tokens`` of each of the B queries (B, T, D) float32, with ONE call per shard for all of them
         (``ShardSearcher.search_batch``: one batched FAISS search per shard; on Ray Serve, S calls instead of
-        B x S). ``threads``, the FAISS threads of ``QueryEngine.search_tokens_batch``, is the shards' own business.
-        Each answer equals ``search_tokens``'s.
+        B x S). ``threads``, the FAISS threads of ``QueryEngine.search_tokens_batch``, applies to the shards searched
+        in this process (``LocalShards``: the embedded server, Ray Serve's ingress on one node); remote shards
+        choose their own. Each answer equals ``search_tokens``'s.
 
         Raises:
             ConfigError: bad parameters (from any shard).
@@ -545,7 +548,8 @@ class ShardedQueryEngine(QueryEngine):
         if not len(queries):
             return []
         state = self.state
-        calls = [self._call(state, s, "search_batch", queries, want, depth, mode, nprobe, candidates, where)
+        calls = [self._call(state, s, "search_batch", queries, want, depth, mode, nprobe, candidates, where,
+                            *((threads,) if getattr(self.shards[s % len(self.shards)], "in_process", False) else ()))
                  for s in range(state.num_shards)]
         parts, missing = self._gather(state, calls)
         return [self._merged(state, [p[b] for p in parts if p is not None], missing, k, depth, mode, offset,

@@ -192,13 +192,15 @@ class ShardSearcher:
                 "images": len(self.searcher.snapshot) if self.searcher else 0}
 
     def search_batch(self, queries: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
-                     nprobe: int | None = None, candidates: str | None = None, where: dict | None = None
-                     ) -> list[SearchResult]:
+                     nprobe: int | None = None, candidates: str | None = None, where: dict | None = None,
+                     threads: int | None = None) -> list[SearchResult]:
         """B queries (B, m, D) float32 with the same parameters (ANN without a filter: one batched search,
-        ``Searcher.search_batch``; else query by query), ids made global."""
+        ``Searcher.search_batch`` on ``threads`` FAISS threads of the calling thread, None: unchanged; else query
+        by query), ids made global."""
         if self.searcher is None or mode != "ann" or where:
             return [self.search(q, k, depth, mode, nprobe, candidates, where) for q in queries]
-        out = self.searcher.search_batch(queries, k=k, depth=depth, nprobe=nprobe, candidates=candidates)
+        out = self.searcher.search_batch(queries, k=k, depth=depth, nprobe=nprobe, candidates=candidates,
+                                         threads=threads)
         for r in out:
             r.ids = to_global(r.ids, self.shard, self.num_shards)
         return out
