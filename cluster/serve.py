@@ -15,8 +15,8 @@ Deployments:
 - Or no shard deployment at all (``REGIS_RAY_SHARD_PLACEMENT=ingress``, and "auto", the default, on a one-node
   cluster with no shard setting given): each ingress replica opens every shard itself (``LocalShards``) and
   searches them in its own process, as ``regis serve`` does a sharded collection: no Ray Serve call per shard,
-  no tokens or results serialised, the batch's queries in one batched search per shard. (On 2 cores the shard
-  deployments' calls cost more CPU than the search itself: BENCHMARKS.md section 6.)
+  no tokens or results serialised, no shard replica process, the batch's queries in one batched search per shard
+  (BENCHMARKS.md section 6).
 - Requests in flight per replica: ``REGIS_RAY_{INGRESS,ENCODER,SHARD}_MAX_ONGOING_REQUESTS`` (Ray Serve's
   ``max_ongoing_requests``; docs/SCALE.md).
 - ``Ingress``: the FastAPI app of ``regis serve`` itself (``service.app.create_app``: the same routes,
