@@ -514,6 +514,13 @@ def test_template_search_finds_a_small_crop_and_its_container(photos_dir, name):
     other, _ = _small_photo_and_crop(photos_dir, "skimage-rocket.jpg", (0, 0, 1, 1), 1.0)  # another photo
     unrelated = locate(crop.thumb, other.thumb)
     assert max(unrelated.ncc_ab, unrelated.ncc_ba) < 0.8, unrelated
+    # without the full-size pass where the half-size one found nothing: the crop's direction is searched in full
+    # (the same peak and window); a direction below the bar reports its half-size peak, still below it
+    quick = locate(crop.thumb, photo.thumb, refine_from=0.7)
+    assert quick.ncc_ab == found.ncc_ab and np.array_equal(quick.box, found.box), quick
+    assert quick.ncc_ba < 0.7 or quick.ncc_ba == found.ncc_ba
+    low = locate(crop.thumb, other.thumb, refine_from=1.01)  # nothing refined: half-size peaks only
+    assert max(low.ncc_ab, low.ncc_ba) < 0.8 and (low.ncc_ab, low.ncc_ba) != (unrelated.ncc_ab, unrelated.ncc_ba)
 
 
 def test_verification_ceiling_skips_pairs_the_tokens_decide(monkeypatch):
