@@ -78,10 +78,11 @@ def grid(lrs: list[float], anchors: list[float]) -> list[dict]:
     return [{"lr": lr, "anchor": a} for lr in lrs for a in anchors]
 
 
-def select(name: str, fold_train: dict, val_fn, steps: int, val_every: int, points: list[dict], seed: int) -> dict:
+def select(name: str, fold_train: dict, val_fn, steps: int, val_every: int, points: list[dict], seed: int,
+           out_dim: int = 256) -> dict:
     """Every grid point of recipe ``name`` on the fold, scored by ``val_fn`` at each checkpoint's best WiSE-FT mix
     with the start (alpha in ``ALPHAS``); the runs and the best (point, step, alpha)."""
-    start = start_head(fold_train, seed=seed)
+    start = start_head(fold_train, out_dim=out_dim, seed=seed)
     runs = []
     for point in points:
         mixes: list[dict] = []
@@ -91,7 +92,8 @@ def select(name: str, fold_train: dict, val_fn, steps: int, val_every: int, poin
             mixes.append({str(a): v for a, v in scores.items()})
             return max(scores.values())
 
-        head, log = RECIPES[name](fold_train, steps=steps, seed=seed, val=mixed_val, val_every=val_every, **point)
+        head, log = RECIPES[name](fold_train, steps=steps, seed=seed, val=mixed_val, val_every=val_every,
+                                  out_dim=out_dim, **point)
         curve = log[0].pop("val_curve")
         for c, m in zip(curve, mixes, strict=True):
             c["val_by_alpha"] = m
@@ -120,6 +122,7 @@ def main() -> int:
                     "keeps its entry from an earlier run of this script in that file")
     ap.add_argument("--steps", type=int, default=1500, help="schedule length (cosine, warm-up)")
     ap.add_argument("--val-every", type=int, default=100)
+    ap.add_argument("--out-dim", type=int, default=256, help="D' of the head (1280: no PCA reduction)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -141,18 +144,19 @@ def main() -> int:
               "val_queries_unseen": int(len(unseen)), "fold": fold, "test_images": int(len(test["labels"])),
               "cache_seconds": {k: c["config"]["seconds"] for k, c in (("train", train), ("val", val), ("test", test))},
               "untrained": {k: float(v.mean()) for k, v in before.items()},
-              "val_untrained": val_fn(None), "val_pca_start": val_fn(start_head(fold_train, seed=args.seed)),
+              "val_untrained": val_fn(None), "out_dim": args.out_dim,
+              "val_pca_start": val_fn(start_head(fold_train, out_dim=args.out_dim, seed=args.seed)),
               "recipes": {}}
-    full_start = start_head(train, seed=args.seed)
+    full_start = start_head(train, out_dim=args.out_dim, seed=args.seed)
     report["pca_start"] = {k: compare(v, before[k]) for k, v in evaluate(test, full_start).items()}
     print("untrained", report["untrained"], "val", report["val_untrained"], "val pca", report["val_pca_start"],
           "pca start on test", json.dumps(report["pca_start"]), flush=True)
     for name in args.recipes.split(","):
         t0 = time.perf_counter()
-        sel = select(name, fold_train, val_fn, args.steps, args.val_every, points, args.seed)
+        sel = select(name, fold_train, val_fn, args.steps, args.val_every, points, args.seed, args.out_dim)
         c = sel["chosen"]
         head, log = RECIPES[name](train, steps=args.steps, seed=args.seed, lr=c["lr"], anchor=c["anchor"],
-                                  stop_after=c["step"])
+                                  stop_after=c["step"], out_dim=args.out_dim)
         after = evaluate(test, interpolate(full_start, head, c["alpha"]))
         report["recipes"][name] = {"command": report["command"], "selection": sel, "train": log[0],
                                    "seconds": round(time.perf_counter() - t0, 1),
