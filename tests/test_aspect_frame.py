@@ -231,9 +231,9 @@ def test_index_build_takes_frame_and_query_layout_and_queries_follow_the_index(c
 
 def test_the_default_frame_is_the_measured_one():
     """New CNN indexes and collections get both framings scored apart (center-crop+aspect, framing score "best";
-    docs/RESULTS.md section 6, issue 29): on the hard set (seeds 0-2 pooled, 1,614 queries; seeds 0-1 as built,
-    docs/results/framing/best_framing_seed{0,1}.json, equal query for query to the evaluation's per-pair score of
-    two_framings_seed{0,1,2}.json) no kind's interval against the centre crop lies below 0 (at the edge: heavy JPEG
+    docs/RESULTS.md section 6, issue 29): on the hard set (seeds 0-2 pooled, 1,614 queries; as built,
+    docs/results/framing/best_framing_seed{0,1,2}.json, equal query for query to the evaluation's per-pair score
+    of two_framings_seed{0,1,2}.json) no kind's interval against the centre crop lies below 0 (at the edge: heavy JPEG
     -4.8 [-10.6, +0.5], colour -1.6 [-4.8, +0.0]) and crops from the ends of portraits and panoramas gain (+25.0
     [+10.4, +40.3]); one MaxSim over all 20 tokens lost heavy JPEG (-8.5 [-14.8, -3.2]). ViTs
     keep the centre crop; build_encoder's own default and manifests without the field stay "center-crop"; an
