@@ -576,3 +576,42 @@ def test_a_template_crop_is_reported_with_its_window():
     assert (got.relation, got.contains, got.verified, got.geometry) == ("crop", 1, False, None)
     assert got.words == "image 0 is a crop of image 1 (it shows 16 % of it)"
     assert got.template.window == [0.1, 0.2, 0.5, 0.6] and got.template.a_in_b_ncc == 0.95
+
+
+def test_a_two_framing_index_is_joined_on_its_centre_crop_framing(tmp_path):
+    """"center-crop+aspect" indexes (2T tokens an image): the self-join searches and scores the first framing
+    (the centre crop, T tokens; the thresholds' calibration), so a pair alike only in the aspect framing is not
+    found, and every score is S / T over the first framing's tokens, recomputed here from the stored tokens."""
+    from regis.duplicates.selfjoin import self_join
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.indexes.table import ImageRecord
+    from regis.indexes.writer import IndexWriter
+    from regis.models.config import EncoderConfig, WeightsInfo
+
+    config = EncoderConfig(backbone="efficientnet-lite0", kind="cnn", num_registers=4, dim=16, cue_method="grid",
+                           roi_size=1, cue_pooling="gem", roi_image_size=160, query_layout="tokens+roi-cues",
+                           frame="center-crop+aspect", framing_score="best", mean=(0.485, 0.456, 0.406),
+                           std=(0.229, 0.224, 0.225))
+    n, t2, d = 40, config.tokens_per_image, config.dim
+    t = t2 // 2
+    rng = np.random.default_rng(1)
+    tokens = rng.normal(size=(n, t2, d)).astype(np.float32)
+    tokens[30, :t] = tokens[3, :t] + 0.15 * rng.normal(size=(t, d))  # a copy in the centre crop (and not beyond)
+    tokens[31, t:] = tokens[5, t:]  # alike only in the aspect framing
+    tokens /= np.linalg.norm(tokens, axis=-1, keepdims=True)
+    with IndexWriter(tmp_path / "index", config, WeightsInfo(source="t", sha256="0"), faiss_spec="Flat") as w:
+        ids = w.allocate_ids(n)
+        w.put([ImageRecord(int(i), f"img{i}.png", f"{i:064x}", 64, 48, 100, 0.0) for i in ids],
+              tokens.astype(np.float16))
+        w.commit()
+    snap = IndexSnapshot.open(tmp_path / "index")
+    crop = snap.store.get(snap.store.live_ids).astype(np.float32)[:, :t]
+    s = np.einsum("atd,bsd->abts", crop, crop).max(axis=3).mean(axis=2)  # s[a, b] = S(a, b) / T, centre crops
+    floor = 0.6
+    want = {(a, b) for a in range(n) for b in range(a + 1, n) if max(s[a, b], s[b, a]) >= floor}
+    assert want == {(3, 30)}
+    for per_image in (False, True):
+        pairs = self_join(snap, floor=floor, neighbours=8, depth=8, per_image=per_image)
+        assert set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True)) == want
+        assert pairs.s_ab[0] == pytest.approx(s[3, 30], abs=1e-4) and pairs.s_ba[0] == pytest.approx(s[30, 3], abs=1e-4)
+    snap.close()

@@ -7,6 +7,10 @@ gives the query-token x candidate-token cosines: the max over the candidate's to
 S(q, c), the max over the query's tokens summed over the candidate's is S(c, q); METHODS.md section 1). A pair is
 kept when S / T reaches ``floor`` in either direction; each query keeps its ``neighbours`` best.
 
+An index of two framings per image ("center-crop+aspect", 2T tokens an image) is joined on its first framing, the
+centre crop: T tokens an image search and score, as in the single-framing indexes the relation thresholds were
+calibrated on (docs/DUPLICATES.md); the aspect framing's tokens are not searched.
+
 A pair is found when one of the query's tokens has one of the other image's tokens among its ``depth`` nearest:
 near-duplicates share near-identical tokens, so a shallow depth finds them, unless more than ``depth`` images share
 the same token. With ``complete=True`` the bound of the ``bounded`` candidate method
@@ -102,7 +106,8 @@ class _Join:
                  threads: int | None, complete: bool):
         self.snapshot = snapshot
         self.store = snapshot.store
-        self.T = snapshot.manifest.tokens_per_image
+        self.per_id = snapshot.manifest.tokens_per_image  # FAISS token ids per image (owner = token id // per_id)
+        self.T = self.per_id // snapshot.manifest.encoder.framings  # tokens joined: the first framing's
         self.floor = floor
         self.neighbours = neighbours
         self.depth = depth
@@ -115,13 +120,13 @@ class _Join:
 
     def owners(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
-        ids = np.unique(token_ids // self.T)
+        ids = np.unique(token_ids // self.per_id)
         return ids[self.store.is_live(ids)]
 
     def score(self, query: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(ids) == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        fwd, rev = both_ways(query, self.store.get(ids))
+        fwd, rev = both_ways(query, self.store.get(ids)[:, :self.T])
         return fwd / self.T, rev / self.T
 
     def one(self, image_id: int, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray) -> CandidatePairs:
@@ -164,7 +169,7 @@ class _Join:
         of every query at once (``vectorised``), or image by image with ``complete`` (its range search is per
         image)."""
         t0 = time.perf_counter()
-        tokens = self.store.get(ids).astype(np.float32)
+        tokens = self.store.get(ids)[:, :self.T].astype(np.float32)
         b, t, d = tokens.shape
         if self.snapshot.faiss.ntotal == 0:
             return []
@@ -196,7 +201,7 @@ class _Join:
         """
         t0 = time.perf_counter()
         b, t, d = tokens.shape
-        owner = np.where(token_ids >= 0, token_ids // self.T, -1)
+        owner = np.where(token_ids >= 0, token_ids // self.per_id, -1)
         query = np.repeat(np.arange(b, dtype=np.int64), owner.shape[1])
         owner = owner.reshape(-1)
         ok = owner >= 0
@@ -211,7 +216,7 @@ class _Join:
             return CandidatePairs.empty()
         t1 = time.perf_counter()
         union, pos = np.unique(cand, return_inverse=True)
-        docs = self.store.get(union)  # (u, T', D) float16, read once for the batch
+        docs = self.store.get(union)[:, :self.T]  # (u, T, D) float16, read once for the batch
         self.spent["fetch"] += time.perf_counter() - t1
         t2 = time.perf_counter()
         fwd = np.empty(len(cand), np.float32)
