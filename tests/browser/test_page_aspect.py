@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from test_page import _screenshot, _serve
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # ~40-80 s of make test: make test-heavy (CI) runs them; make test stays under 10 min
 
 
 @pytest.fixture(scope="module")
