@@ -22,7 +22,7 @@ cores, one core each), and the QPS those nodes serve (CPU-bound: their cores x 1
 
 Usage::
 
-    python -m bench.capacity --deployment-log docs/results/ray/service-deployment.log \\
+    python -m bench.capacity --deployment-log docs/results/ray/service-deployment-4k.txt \\
         --collection $REGIS_BENCH_DATA/idx/serve-lite0-10000-roi160-tokens-roi-cues-PQ640x4fs-shards2 \\
         --sizes docs/results/million/sizes-100k-1m.json --images 100000000
 """
