@@ -51,7 +51,7 @@ def _photos(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix in {".png", ".jpg", ".jpeg"})
 
 
-@pytest.mark.parametrize("frame", ["center-crop", "squash", "pad", "aspect"])
+@pytest.mark.parametrize("frame", ["center-crop", "squash", "pad", "aspect", "center-crop+aspect"])
 @pytest.mark.parametrize("resize_size", [224, 256])
 def test_pixels_equal_torchvision_bit_for_bit(photos_dir, frame, resize_size):
     from regis.images.decode import decode_image
@@ -70,7 +70,7 @@ def test_pixels_equal_torchvision_bit_for_bit(photos_dir, frame, resize_size):
         assert got.dtype == np.float32 and got.shape == want.shape, path.name
         assert np.array_equal(got, want), f"{path.name}: max diff {np.abs(got - want).max()}"
         shapes.add(got.shape)
-    assert len(shapes) > 1 if frame == "aspect" else shapes == {(3, 224, 224)}
+    assert len(shapes) > 1 if "aspect" in frame else shapes == {(3, 224, 224)}
 
 
 @pytest.mark.parametrize("out", [(160, 160), (157, 203), (224, 224), (300, 100)])
@@ -168,6 +168,73 @@ def test_numpy_path_returns_the_torch_path_answers(regis_index, bundle_root, pho
                 assert_same_json(got, want, f"query {i} {mode}", atol=1e-4)
         assert light.search_bytes(augmented, k=1)["results"][0]["path"] == "skimage-chelsea.png"
         assert_same_json(light.search_id(3, k=5), torch_engine.search_id(3, k=5), "by id", atol=1e-4)
+    finally:
+        torch_engine.close()
+        light.close()
+
+
+@pytest.fixture(scope="module")
+def two_framing_encoder():
+    """The demo encoder with the new CNN indexes' default frame: both framings, scored apart ("best")."""
+    from regis.models.encoder import build_encoder
+
+    return build_encoder("efficientnet-lite0-regis", frame="center-crop+aspect", framing_score="best")
+
+
+def test_two_framings_encode_as_the_encoder_does(two_framing_encoder, photos_dir, tmp_path, one_thread):
+    """"center-crop+aspect": the central square's 15 tokens, then the whole input's 15, on real photos of several
+    shapes and on a 3:1 panorama (its central square resized to image_size)."""
+    from PIL import Image
+
+    from regis.images.decode import decode_image
+    from regis.models.np_transforms import eval_pixels
+    from regis.models.query_bundle import load_bundle
+    from regis.models.query_export import write_query_bundle
+    from regis.models.transforms import eval_transform
+
+    encoder = two_framing_encoder
+    write_query_bundle(encoder, tmp_path)
+    fast = load_bundle(encoder.config, encoder.weights_info, tmp_path)
+    assert fast is not None and fast.head is not None
+    transform = eval_transform(encoder.config)
+    images = [decode_image(p.read_bytes(), draft_size=224).image for p in _photos(photos_dir)[::3]]
+    wide = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB")
+    images.append(wide.resize((wide.width, wide.width // 3)))
+    shapes = set()
+    for i, image in enumerate(images):
+        pixels = eval_pixels(image, encoder.config)
+        shapes.add(pixels.shape)
+        want = encoder.encode_query(transform(image)[None]).numpy()
+        got = fast.encode_query(pixels[None])
+        assert got.shape == want.shape == (1, 30, 256)
+        assert np.abs(got - want).max() < 1e-4, i
+    assert len(shapes) > 1 and any(s[1] != 224 and s[2] != 224 for s in shapes)  # a panorama's input: not square
+
+
+def test_numpy_path_returns_the_torch_path_answers_on_two_framings(two_framing_encoder, photos_dir, tmp_path,
+                                                                   one_thread):
+    """An index of both framings with the "best" framing score (new CNN indexes' default): same ids, scores within
+    1e-4, ann and exact, for every photo."""
+    from regis.models.query_export import write_query_bundle
+    from regis.retrieve.light import LightQueryEngine
+    from regis.retrieve.query import QueryEngine
+    from tests.conftest import assert_same_json
+
+    index, root = tmp_path / "index", tmp_path / "bundles"
+    build(photos_dir, index, two_framing_encoder)
+    write_query_bundle(two_framing_encoder, root)
+    torch_engine = QueryEngine.open(index, fast_encode=False)
+    light = LightQueryEngine.open(index, root=root)
+    assert light is not None and light.searcher.framings == 2
+    try:
+        for i, path in enumerate(_photos(photos_dir)):
+            data = path.read_bytes()
+            for mode in ("ann", "exact") if i % 4 == 0 else ("ann",):
+                want = torch_engine.search_bytes(data, k=10, mode=mode)
+                got = light.search_bytes(data, k=10, mode=mode)
+                assert [h["id"] for h in got["results"]] == [h["id"] for h in want["results"]], (i, mode)
+                assert_same_json(got, want, f"query {i} {mode}", atol=1e-4)
+            assert got["results"][0]["path"] == path.name
     finally:
         torch_engine.close()
         light.close()

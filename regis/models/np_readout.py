@@ -18,7 +18,7 @@ import numpy as np
 
 from regis.errors import ConfigError
 from regis.models.config import GEM_EPS, GEM_P, EncoderConfig
-from regis.models.geometry import window_span
+from regis.models.geometry import is_two_framings, window_span
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,12 @@ class HeadWeights:
 
 def unsupported_reason(config: EncoderConfig) -> str | None:
     """Why ``query_tokens`` cannot encode for ``config`` (None: it can): ViTs and the kmeans / attention cue
-    methods stay on the torch path."""
+    methods stay on the torch path. "center-crop+aspect" is covered: ``query_tokens`` reads one framing, the
+    caller (``query_bundle.OnnxQueryEncoder``) runs it on each and concatenates, as ``RegisEncoder`` does."""
     if config.kind != "cnn":
         return f"the numpy readout covers CNN backbones, not {config.kind} ({config.backbone})"
-    if config.framings != 1:
-        return f"the numpy readout covers one framing per image, not {config.frame!r}"
+    if config.framings != 1 and not is_two_framings(config):
+        return f"the numpy readout covers one framing or 'center-crop+aspect', not {config.frame!r}"
     if (config.cue_method or "grid") != "grid":
         return f"the numpy readout covers the grid cue method, not {config.cue_method}"
     if math.isqrt(config.num_registers) ** 2 != config.num_registers:
@@ -135,7 +136,8 @@ def project(tokens: np.ndarray, head: HeadWeights | None) -> np.ndarray:
 
 def query_tokens(config: EncoderConfig, fmap: np.ndarray, roi_fmap: np.ndarray | None,
                  head: HeadWeights | None) -> np.ndarray:
-    """A query's tokens from the backbone's feature maps (``RegisEncoder.encode_query`` after the backbone).
+    """A query's tokens from the backbone's feature maps (``RegisEncoder.encode_query`` after the backbone), of
+    one framing (``RegisEncoder._framed``'s readout; "center-crop+aspect": called once per framing).
 
     Args:
         config: the encoder's config (``unsupported_reason`` None).

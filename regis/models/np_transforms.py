@@ -93,9 +93,11 @@ def _aspect_resize(img: Image.Image, config: EncoderConfig, mode: int) -> Image.
 
 def frame_image(img: Image.Image, config: EncoderConfig) -> Image.Image:
     """The geometry step of the evaluation transform: an RGB PIL image -> the PIL image the backbone sees."""
+    from regis.models.geometry import is_aspect
+
     mode = _pil_mode(config.interpolation)
     frame = frame_of(config)
-    if frame == "aspect":
+    if is_aspect(config):  # "aspect", or "center-crop+aspect" (the encoder takes the central square itself)
         return _aspect_resize(img, config, mode)
     if frame == "squash":
         size = (config.image_size, config.image_size)
@@ -115,8 +117,8 @@ def eval_pixels(img: Image.Image, config: EncoderConfig) -> np.ndarray:
         config: the encoder's config.
 
     Returns:
-        (3, H, W) float32 normalised pixels: (image_size, image_size), or for the "aspect" frame of a CNN the
-        size ``aspect_input_size`` gives.
+        (3, H, W) float32 normalised pixels: (image_size, image_size), or for the "aspect" and
+        "center-crop+aspect" frames of a CNN the size ``aspect_input_size`` gives.
 
     Raises:
         ConfigError: an interpolation PIL does not have.

@@ -101,20 +101,41 @@ class OnnxQueryEncoder:
         pixels = np.ascontiguousarray(pixels, dtype=np.float32)
         return self._session().run(None, {"images": pixels})[0]
 
-    def roi_input(self, pixels: np.ndarray) -> np.ndarray | None:
-        """The ROI pass's input (``RegisEncoder.forward_roi_parts``' resize), or None without a ROI pass."""
+    def roi_input(self, pixels: np.ndarray, aspect: bool | None = None) -> np.ndarray | None:
+        """The ROI pass's input (``RegisEncoder.forward_roi_parts``' resize), or None without a ROI pass.
+        ``aspect``: whether ``pixels`` is an "aspect" input (default: ``is_aspect(config)``; the central square of
+        "center-crop+aspect" is not)."""
         from regis.models.geometry import is_aspect, roi_input_size
 
         cfg = self.config
         if cfg.roi_image_size is None or cfg.token_set != "cls+reg+roi":
             return None
         h, w = pixels.shape[-2:]
-        if is_aspect(cfg):
+        if is_aspect(cfg) if aspect is None else aspect:
             rw, rh = roi_input_size(cfg, w, h)
         else:
             ratio = cfg.roi_image_size / cfg.image_size
             rh, rw = max(1, round(h * ratio)), max(1, round(w * ratio))
         return resize_aa_bicubic(pixels, (rh, rw))
+
+    def central_square(self, pixels: np.ndarray) -> np.ndarray:
+        """``RegisEncoder.central_square``: the central square of a (B, 3, H, W) "aspect" input, resized (bicubic,
+        antialiased) to ``image_size`` when its side is not that -> (B, 3, image_size, image_size) float32."""
+        from regis.models.geometry import central_square
+
+        left, top, side = central_square(pixels.shape[-1], pixels.shape[-2])
+        square = pixels[..., top : top + side, left : left + side]
+        size = self.config.image_size
+        if side != size:
+            return resize_aa_bicubic(np.ascontiguousarray(square), (size, size))
+        return square
+
+    def _framed(self, pixels: np.ndarray, aspect: bool) -> np.ndarray:
+        """One framing's (B, m', D) tokens (``RegisEncoder._framed`` with ``query=True``)."""
+        small = self.roi_input(pixels, aspect=aspect)
+        fmap = self.features(pixels)
+        roi_fmap = self.features(small) if small is not None else None
+        return query_tokens(self.config, fmap, roi_fmap, self.head)
 
     def encode_query(self, pixels: np.ndarray) -> np.ndarray:
         """Query tokens of a batch.
@@ -123,17 +144,20 @@ class OnnxQueryEncoder:
             pixels: (B, 3, H, W) float32 normalised pixels (``np_transforms.eval_pixels``, stacked).
 
         Returns:
-            (B, m, D) float32 unit-norm tokens, m = ``config.query_tokens_per_image``.
+            (B, m, D) float32 unit-norm tokens, m = ``config.query_tokens_per_image``; "center-crop+aspect": the
+            central square's m / 2 tokens, then the whole input's (``RegisEncoder.forward_with_buddies``).
 
         Raises:
             ConfigError: pixels not (B, 3, H, W).
         """
+        from regis.models.geometry import is_aspect, is_two_framings
+
         if pixels.ndim != 4 or pixels.shape[1] != 3:
             raise ConfigError(f"pixels must be (B, 3, H, W), got {tuple(pixels.shape)}")
-        small = self.roi_input(pixels)
-        fmap = self.features(pixels)
-        roi_fmap = self.features(small) if small is not None else None
-        return query_tokens(self.config, fmap, roi_fmap, self.head)
+        if is_two_framings(self.config):
+            square = self._framed(self.central_square(pixels), aspect=False)
+            return np.concatenate([square, self._framed(pixels, aspect=True)], axis=1)
+        return self._framed(pixels, aspect=is_aspect(self.config))
 
 
 def read_head(path: Path) -> HeadWeights | None:

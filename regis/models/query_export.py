@@ -44,13 +44,17 @@ def head_weights(encoder: RegisEncoder) -> HeadWeights | None:
 
 
 def check_shapes(encoder: RegisEncoder) -> list[tuple[int, int]]:
-    """(H, W) inputs the check encodes: the square, and for the "aspect" frame a 3:2 landscape too."""
-    from regis.models.geometry import aspect_input_size, is_aspect
+    """(H, W) inputs the check encodes: the square, and for the "aspect" frame a 3:2 landscape too; for
+    "center-crop+aspect" also a 3:1 panorama (its central square is resized to ``image_size``)."""
+    from regis.models.geometry import aspect_input_size, is_aspect, is_two_framings
 
     size = encoder.config.image_size
     shapes = [(size, size)]
     if is_aspect(encoder.config):
         w, h = aspect_input_size(encoder.config, 3 * size, 2 * size)
+        shapes.append((h, w))
+    if is_two_framings(encoder.config):
+        w, h = aspect_input_size(encoder.config, 3 * size, size)
         shapes.append((h, w))
     return shapes
 
