@@ -598,6 +598,7 @@ def test_a_two_framing_index_is_joined_on_its_centre_crop_framing(tmp_path):
     tokens = rng.normal(size=(n, t2, d)).astype(np.float32)
     tokens[30, :t] = tokens[3, :t] + 0.15 * rng.normal(size=(t, d))  # a copy in the centre crop (and not beyond)
     tokens[31, t:] = tokens[5, t:]  # alike only in the aspect framing
+    tokens[[3, 30], t:] = tokens[[3, 30], :t]  # square photos: both framings alike, the aspect tokens crowd the crop's
     tokens /= np.linalg.norm(tokens, axis=-1, keepdims=True)
     with IndexWriter(tmp_path / "index", config, WeightsInfo(source="t", sha256="0"), faiss_spec="Flat") as w:
         ids = w.allocate_ids(n)
@@ -614,4 +615,7 @@ def test_a_two_framing_index_is_joined_on_its_centre_crop_framing(tmp_path):
         pairs = self_join(snap, floor=floor, neighbours=8, depth=8, per_image=per_image)
         assert set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True)) == want
         assert pairs.s_ab[0] == pytest.approx(s[3, 30], abs=1e-4) and pairs.s_ba[0] == pytest.approx(s[30, 3], abs=1e-4)
+    # depth per framing: a crop token's 2 nearest are its own two framings' tokens, its copy's come next
+    shallow = self_join(snap, floor=floor, neighbours=8, depth=2)
+    assert set(zip(shallow.a.tolist(), shallow.b.tolist(), strict=True)) == want
     snap.close()

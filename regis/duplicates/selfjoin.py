@@ -8,8 +8,10 @@ S(q, c), the max over the query's tokens summed over the candidate's is S(c, q);
 kept when S / T reaches ``floor`` in either direction; each query keeps its ``neighbours`` best.
 
 An index of two framings per image ("center-crop+aspect", 2T tokens an image) is joined on its first framing, the
-centre crop: T tokens an image search and score, as in the single-framing indexes the relation thresholds were
-calibrated on (docs/DUPLICATES.md); the aspect framing's tokens are not searched.
+centre crop: T tokens an image are the queries and are scored, as in the single-framing indexes the relation
+thresholds were calibrated on (docs/DUPLICATES.md). FAISS holds both framings' tokens, so a query token's nearest
+tokens include aspect-framing ones (its own image's among them): the depth is per framing (``depth`` x framings
+neighbours are fetched), and an aspect token's image is a candidate like any other.
 
 A pair is found when one of the query's tokens has one of the other image's tokens among its ``depth`` nearest:
 near-duplicates share near-identical tokens, so a shallow depth finds them, unless more than ``depth`` images share
@@ -257,7 +259,7 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
             that are not live are skipped.
         floor: keep a pair when S / T >= floor in either direction.
         neighbours: pairs kept per query image (the best by max(S(a, b), S(b, a))).
-        depth: FAISS neighbours per query token (None: the manifest's).
+        depth: FAISS neighbours per query token and framing (None: the manifest's; x2 on a two-framing index).
         nprobe: IVF lists probed (None: the manifest's).
         batch: query images per FAISS call.
         threads: FAISS threads (None: FAISS's default, every core).
@@ -280,7 +282,9 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
         raise ConfigError(f"neighbours, depth and batch must be >= 1 (got {neighbours}, {depth}, {batch})")
     ids = snapshot.store.live_ids if query_ids is None else np.asarray(query_ids, dtype=np.int64)
     ids = np.unique(ids[snapshot.store.is_live(ids)])
-    join = _Join(snapshot, floor, neighbours, int(depth or snapshot.manifest.faiss.depth), nprobe, threads, complete)
+    framings = snapshot.manifest.encoder.framings  # FAISS holds every framing's tokens: depth per framing
+    join = _Join(snapshot, floor, neighbours, int(depth or snapshot.manifest.faiss.depth) * framings, nprobe, threads,
+                 complete)
     join.per_image = join.per_image or per_image
     parts: list[CandidatePairs] = []
     # small products: one BLAS thread (process-wide while it runs: a concurrent search's NumPy products too)
