@@ -35,7 +35,7 @@ from regis.duplicates.config import AT_LEAST_FIELDS, AT_MOST_FIELDS, DuplicateCo
 from regis.duplicates.geometry import LocalFeatures, features_or_none, prefilter, verify_pair
 from regis.duplicates.selfjoin import self_join
 from regis.duplicates.store import PairTable, StoredPairs
-from regis.duplicates.template import REFINE_BELOW_RULE, locate
+from regis.duplicates.template import locate
 from regis.errors import ImageDecodeError
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
@@ -248,9 +248,6 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
     order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
     feats = _Features(records, resolve, config)
     spent = {"match": 0.0, "locate": 0.0}
-    # a direction whose half-size peak is well below the crop rule is not searched at full size (template.py);
-    # without a rule (template_ncc None: e.g. the evaluation's evidence run) every direction is
-    refine_from = None if config.template_ncc is None else config.template_ncc - REFINE_BELOW_RULE
     located = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for start in range(0, len(order), VERIFY_CHUNK):
@@ -272,7 +269,8 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                         and (config.template_floor is None
                              or max(pairs.s_ab[r], pairs.s_ba[r]) >= config.template_floor)
                         and (not match or v is None or v.inliers < config.min_inliers)):
-                    loc = locate(fa.thumb, fb.thumb, refine_from=refine_from)
+                    # every direction at full size: locate(refine_from=) is not used here (docs/DUPLICATES.md, Scale)
+                    loc = locate(fa.thumb, fb.thumb)
                 return r, fa is not None and fb is not None, pre, v, loc, t1 - t0, time.perf_counter() - t1
 
             for r, files, pre, v, loc, t_match, t_loc in pool.map(one, rows):
