@@ -18,7 +18,7 @@ import numpy as np
 
 from regis.errors import ConfigError
 from regis.models.config import GEM_EPS, GEM_P, EncoderConfig
-from regis.models.geometry import is_two_framings, window_span
+from regis.models.geometry import window_span
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,6 @@ def unsupported_reason(config: EncoderConfig) -> str | None:
     caller (``query_bundle.OnnxQueryEncoder``) runs it on each and concatenates, as ``RegisEncoder`` does."""
     if config.kind != "cnn":
         return f"the numpy readout covers CNN backbones, not {config.kind} ({config.backbone})"
-    if config.framings != 1 and not is_two_framings(config):
-        return f"the numpy readout covers one framing or 'center-crop+aspect', not {config.frame!r}"
     if (config.cue_method or "grid") != "grid":
         return f"the numpy readout covers the grid cue method, not {config.cue_method}"
     if math.isqrt(config.num_registers) ** 2 != config.num_registers:
