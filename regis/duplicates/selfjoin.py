@@ -105,7 +105,7 @@ class _Join:
     """The state of one self-join over a snapshot (see ``self_join``)."""
 
     def __init__(self, snapshot: IndexSnapshot, floor: float, neighbours: int, depth: int, nprobe: int | None,
-                 threads: int | None, complete: bool):
+                 threads: int | None, complete: bool, per_image: bool = False):
         self.snapshot = snapshot
         self.store = snapshot.store
         self.per_id = snapshot.manifest.tokens_per_image  # FAISS token ids per image (owner = token id // per_id)
@@ -118,7 +118,7 @@ class _Join:
         self.complete = complete
         self.spent = dict.fromkeys(STAGES, 0.0)  # seconds per stage (``self_join``'s ``stats``)
         self.scored = 0  # query-candidate pairs scored
-        self.per_image = complete  # score image by image (``one``): the range search of ``complete`` is per image
+        self.per_image = complete or per_image  # image by image (``one``): ``complete``'s range search is per image
 
     def owners(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
@@ -284,8 +284,7 @@ def self_join(snapshot: IndexSnapshot, query_ids: np.ndarray | None = None, floo
     ids = np.unique(ids[snapshot.store.is_live(ids)])
     framings = snapshot.manifest.encoder.framings  # FAISS holds every framing's tokens: depth per framing
     join = _Join(snapshot, floor, neighbours, int(depth or snapshot.manifest.faiss.depth) * framings, nprobe, threads,
-                 complete)
-    join.per_image = join.per_image or per_image
+                 complete, per_image)
     parts: list[CandidatePairs] = []
     # small products: one BLAS thread (process-wide while it runs: a concurrent search's NumPy products too)
     with threadpool_limits(limits=1, user_api="blas"):
