@@ -26,13 +26,14 @@ def encoder_for(
     backbone pass; ``frame`` and ``query_layout``: ``EncoderConfig``'s, e.g. "aspect" and "tokens"; without
     ``frame`` a new index of a CNN gets ``DEFAULT_CNN_INDEX_FRAME``, both framings scored apart, and a ViT the
     centre crop; ``new_cnn_frame``: another frame for that case, e.g. the square inputs of a Ray build). An index
-    keeps the frame and query layout its manifest records: its queries are encoded with them.
+    keeps the frame and query layout its manifest records: its queries are encoded with them; a two-framing index
+    also keeps its ``framing_score`` (e.g. "union", written before "best" became the default).
     """
     from regis.errors import IndexFormatError
     from regis.indexes.layout import VERSIONS_DIR, read_current
     from regis.indexes.manifest import read_manifest
     from regis.indexes.weights_copy import stored_weights
-    from regis.models.config import DEFAULT_CNN_INDEX_FRAME
+    from regis.models.config import DEFAULT_CNN_INDEX_FRAME, DEFAULT_FRAMING_SCORE
     from regis.models.encoder import build_encoder, encoder_from_manifest
     from regis.sharding.layout import first_versioned_shard, is_sharded
 
@@ -52,11 +53,17 @@ def encoder_for(
         stored = stored_weights(index_dir, manifest.weights)
         return encoder_from_manifest(manifest.encoder, manifest.weights, str(weights) if weights else None, device,
                                      stored=str(stored) if stored else None)
-    # a new index of a CNN: both framings (DEFAULT_CNN_INDEX_FRAME); an existing index keeps the frame it was built with
-    cnn_frame = read_manifest(index_dir / VERSIONS_DIR / current).encoder.frame if current is not None \
-        else new_cnn_frame or DEFAULT_CNN_INDEX_FRAME
+    # a new index of a CNN: both framings (DEFAULT_CNN_INDEX_FRAME); an existing index keeps the frame it was built
+    # with, and its framing score when that is not build_encoder's default for two framings ("union": a two-framing
+    # index built before "best" became the default; "union" is valid with any frame, so this never raises)
+    cnn_frame, framing_score = new_cnn_frame or DEFAULT_CNN_INDEX_FRAME, None
+    if current is not None:
+        built = read_manifest(index_dir / VERSIONS_DIR / current).encoder
+        cnn_frame = built.frame
+        if built.framing_score != DEFAULT_FRAMING_SCORE:
+            framing_score = built.framing_score
     return build_encoder(
         backbone=backbone, weights=str(weights) if weights else None, random_init=random_init, roi_size=roi_size,
         cue_method=cue_method, device=device, roi_image_size=roi_image_size, frame=frame, query_layout=query_layout,
-        cnn_frame=cnn_frame,
+        cnn_frame=cnn_frame, framing_score=framing_score,
     )

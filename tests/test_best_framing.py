@@ -155,6 +155,31 @@ def test_an_index_built_with_one_maxsim_keeps_it(tmp_path, planted):
     old.close()
 
 
+def test_an_index_scored_with_one_maxsim_keeps_it_when_options_are_given(cli, tmp_path, photos_dir):
+    """A two-framing index built with "union" (before "best" became the default for new two-framing encoders): a
+    build naming the backbone (an option, so not the manifest's own encoder) keeps "union", and a second build
+    passes the encoder check instead of failing on the new default."""
+    from conftest import build
+    from regis.index_encoder import encoder_for
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.png").write_bytes((photos_dir / "skimage-chelsea.png").read_bytes())
+    index = tmp_path / "index"
+    old = build_encoder("efficientnet-lite0", random_init=True, frame="center-crop+aspect", framing_score="union")
+    build(folder, index, old)
+    assert IndexSnapshot.open(index).manifest.encoder.framing_score == "union"
+    again = encoder_for(index, "efficientnet-lite0", None, True, None, None, "cpu").config
+    assert (again.frame, again.framing_score) == ("center-crop+aspect", "union")
+    (folder / "b.png").write_bytes((photos_dir / "skimage-coffee.png").read_bytes())
+    run = cli("index", "build", str(folder), "--index", str(index), "--backbone", "efficientnet-lite0",
+              "--random-init", "--no-progress")
+    assert run.returncode == 0, run.stderr  # without the fix: "it cannot take tokens from efficientnet-lite0"
+    snap = IndexSnapshot.open(index)
+    assert snap.manifest.encoder.framing_score == "union" and snap.table.count() == 2
+    snap.close()
+
+
 def test_ann_with_bounded_candidates_finds_the_exact_top_k(tmp_path, planted):
     """Each framing's query tokens bound an unseen image's score on their own: depth 1 ANN (bounded) returns the
     exact ranking's top 10 for queries near random images."""
