@@ -66,8 +66,12 @@ class DuplicatePair(BaseModel):
                                                             "verify (a crop of a small image); null when not run")
     explanation: dict | None = Field(description="with explain=true: a_to_b and b_to_a, the token explanation of each "
                                                   "direction as POST /v1/search?explain=true gives it (which token of "
-                                                  "one image each token of the other matched, ROI boxes), and "
-                                                  "a_tokens / b_tokens, each image's tokens with their boxes")
+                                                  "one image each token of the other matched, ROI boxes) of the "
+                                                  "tokens the pairs were scored on, with score_per_token (the "
+                                                  "score / T: equals scores); framing: on an index of two framings "
+                                                  "per image, crop (the central square's tokens are explained, the "
+                                                  "whole image's contribute 0), else null; and a_tokens / "
+                                                  "b_tokens, each image's tokens with their boxes")
 
 
 class DuplicateGroup(BaseModel):

@@ -619,3 +619,52 @@ def test_a_two_framing_index_is_joined_on_its_centre_crop_framing(tmp_path):
     shallow = self_join(snap, floor=floor, neighbours=8, depth=2)
     assert set(zip(shallow.a.tolist(), shallow.b.tolist(), strict=True)) == want
     snap.close()
+
+
+@pytest.fixture(scope="module")
+def dup_index_two_framings(tmp_path_factory, dup_folder):
+    """``dup_folder`` indexed by EfficientNet-Lite0 (real weights) with two framings per image, scored apart: the
+    default of new CNN indexes ("center-crop+aspect", framing score "best")."""
+    from conftest import build
+    from regis.models.encoder import build_encoder
+
+    encoder = build_encoder("efficientnet-lite0", frame="center-crop+aspect", framing_score="best")
+    index = tmp_path_factory.mktemp("dup-index-2f")
+    build(dup_folder, index, encoder)
+    return index
+
+
+@pytest.mark.slow
+def test_a_two_framing_pairs_explanation_is_of_the_centre_crop_the_join_scored(dup_index_two_framings):
+    """On a two-framing index the self-join scores the centre crop (S / T over its T tokens); a pair's explanation
+    (CLI and REST: ``find_duplicates(explain=True)``) explains that framing, so its score is the pair's score in
+    both directions, even where the whole image's framing matches better (what a search would explain)."""
+    from regis.duplicates.api import find_duplicates
+    from regis.duplicates.report import explain_pair
+    from regis.duplicates.selfjoin import self_join
+
+    with _open(dup_index_two_framings) as snap:
+        assert snap.manifest.encoder.framings == 2 and snap.manifest.encoder.framing_score == "best"
+        t = snap.manifest.tokens_per_image // 2
+        pairs = self_join(snap, floor=0.3, neighbours=8)
+        assert len(pairs) >= 3
+        whole_better = 0
+        for a, b, sab, sba in zip(pairs.a, pairs.b, pairs.s_ab, pairs.s_ba, strict=True):
+            ex = explain_pair(snap, int(a), int(b))
+            assert ex["framing"] == "crop"
+            for key, want in (("a_to_b", sab), ("b_to_a", sba)):
+                e = ex[key]
+                assert e["framing"] == "crop"
+                assert e["score"] / t == pytest.approx(float(want), abs=2e-5), (a, b, key)
+                assert e["score_per_token"] == pytest.approx(float(want), abs=2e-5)
+                assert sum(m["contribution"] for m in e["matches"] if m["query_name"].startswith("whole-")) == 0
+                whole_better += e["framing_scores"]["whole"] > e["framing_scores"]["crop"]
+        assert whole_better > 0  # a search's explanation (the better framing) would differ from the pair's score
+        out = find_duplicates(snap, overrides={"verify": False}, explain=True)
+    reported = [p for g in out["groups"] for p in g["pairs"] + g["related"]]
+    assert reported
+    for p in reported:
+        ex = p["explanation"]
+        assert ex["framing"] == "crop"
+        for key in ("a_to_b", "b_to_a"):
+            assert ex[key]["score_per_token"] == pytest.approx(p["scores"][key], abs=6e-5)

@@ -11,7 +11,7 @@ Shape (``service.schemas_duplicates`` documents it field by field)::
      "run": {"searched", "reused_pairs", "from_version", "timings_ms"}}
     PAIR = {"a", "b", "relation", "contains", "words", "scores": {"a_to_b", "b_to_a"}, "verified",
             "geometry": {"matches", "inliers", "a_in_b", "b_covered", "a_region_in_b", "b_region_in_a"} | null,
-            "explanation": {"a_to_b", "b_to_a", "a_tokens", "b_tokens"} | null}
+            "explanation": {"a_to_b", "b_to_a", "framing", "a_tokens", "b_tokens"} | null}
 """
 
 from __future__ import annotations
@@ -87,18 +87,32 @@ def pair_json(table: PairTable, row: int, relation: int, container: int, config:
 
 
 def explain_pair(snapshot, a: int, b: int) -> dict | None:
-    """The token explanation of a pair both ways, from the stored tokens and buddy patches (no re-encoding):
-    {"a_to_b": explanation of a's tokens against b, "b_to_a": the reverse, "a_tokens", "b_tokens": each image's
-    tokens with their boxes}; None when either image is no longer live."""
+    """The token explanation of a pair both ways, from the stored tokens and buddy patches (no re-encoding), of the
+    tokens the self-join scored: on an index of two framings ("center-crop+aspect") the centre crop's
+    (``regis.duplicates.selfjoin``), whatever the index's ``framing_score``, so each direction's score is the
+    pair's: ``score_per_token`` (MaxSim / T, T the tokens of one framing) equals ``scores`` up to float32 rounding.
+
+    Returns:
+        {"a_to_b": explanation of a's tokens against b (``regis.retrieve.explain.explain_tokens``, plus
+        ``score_per_token``), "b_to_a": the reverse, "framing": "crop" on a two-framing index (the framing
+        explained; the other framing's query tokens contribute 0), else null, "a_tokens", "b_tokens": each image's
+        tokens with their boxes}; None when either image is no longer live.
+    """
     from regis.retrieve.explain import EncodedImage, explain_tokens, query_json, stored_image
+    from regis.scores.explain import FRAMING_NAMES
 
     sa, sb = stored_image(snapshot, a), stored_image(snapshot, b)
     if sa is None or sb is None:
         return None
     config = snapshot.manifest.encoder
+    joined = 0 if config.framings > 1 else None  # the self-join's framing: the centre crop
+    per = config.tokens_per_image // config.framings  # T of the pair's scores (S / T)
     ta, tb = sa.tokens.astype(np.float32), sb.tokens.astype(np.float32)
-    out = {"a_to_b": explain_tokens(config, ta, tb, sb.buddies, sb.grid, sb.width, sb.height),
-           "b_to_a": explain_tokens(config, tb, ta, sa.buddies, sa.grid, sa.width, sa.height)}
+    out = {"a_to_b": explain_tokens(config, ta, tb, sb.buddies, sb.grid, sb.width, sb.height, framing=joined),
+           "b_to_a": explain_tokens(config, tb, ta, sa.buddies, sa.grid, sa.width, sa.height, framing=joined),
+           "framing": None if joined is None else FRAMING_NAMES[joined]}
+    for key in ("a_to_b", "b_to_a"):
+        out[key]["score_per_token"] = out[key]["score"] / per
     for key, s, t in (("a_tokens", sa, ta), ("b_tokens", sb, tb)):
         out[key] = query_json(config, EncodedImage(t, s.buddies, s.grid, s.width, s.height, None, {}))["tokens"]
     return out

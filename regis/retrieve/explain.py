@@ -135,7 +135,7 @@ def query_json(config: EncoderConfig, query: EncodedImage) -> dict:
 
 
 def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, buddies: np.ndarray | None,
-                   grid: tuple[int, int] | None, width: int, height: int) -> dict:
+                   grid: tuple[int, int] | None, width: int, height: int, framing: int | None = None) -> dict:
     """The explanation of one result: its MaxSim score term by term (``regis.scores.explain.token_matches``).
 
     Args:
@@ -144,12 +144,20 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
         doc: (T, D) the result's tokens as the rerank scored them (float16 from the store).
         buddies: (R + 1,) the result's buddy patches (-1: unknown) or None; grid: their (h, w) grid.
         width, height: the result image's size, pixels.
+        framing: on an index of two framings, the one to explain whatever the index's ``framing_score`` ("best"
+            or "union"): its MaxSim is the score (0: the centre crop, which the duplicates self-join scores;
+            ``regis.duplicates.report.explain_pair``); None: the score a search gives.
 
-    Two framings scored apart (``config.score_framings``): each query token matches the result's tokens of its own
-    framing; ``framing`` names the one whose MaxSim is the score (its query tokens alone contribute) and
-    ``framing_scores`` gives both.
+    Two framings scored apart (``config.score_framings``, or ``framing`` given): each query token matches the
+    result's tokens of its own framing; ``framing`` in the answer names the one whose MaxSim is the score (its query
+    tokens alone contribute) and ``framing_scores`` gives both.
+
+    Raises:
+        ConfigError: token shapes that do not fit (``regis.scores.explain.token_matches``); a ``framing`` past
+            a two-framing index's two (on an index of one framing it is ignored).
     """
-    m = token_matches(query, doc, config.score_framings)
+    framings = config.framings if framing is not None and config.framings > 1 else config.score_framings
+    m = token_matches(query, doc, framings, framing if framings > 1 else None)
     qnames = token_names(config.num_registers, len(query), config.framings)
     dnames = token_names(config.num_registers, len(doc), config.framings)
     matches = []
@@ -162,7 +170,7 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
             "share": float(m.share[i]), "result_box": _box(box),
         })
     out = {"score": m.score, "matches": matches}
-    if config.score_framings > 1:  # framings scored apart: which one gave the score, and each one's MaxSim
+    if framings > 1:  # framings scored apart: which one gave the score, and each one's MaxSim
         out["framing"] = FRAMING_NAMES[m.framing]
         out["framing_scores"] = {FRAMING_NAMES[f]: float(v) for f, v in enumerate(m.framing_scores)}
     return out

@@ -46,7 +46,7 @@ class TokenMatches:
         share: (m,) float32, contribution / score (sums to 1; all 0 when the score is 0).
         score: the MaxSim score, sum of the contributions (float).
         framing: with framings scored apart, the framing whose MaxSim is the score (0: the first; on a tie the
-            first); 0 otherwise.
+            first; or the one ``token_matches`` was asked for); 0 otherwise.
         framing_scores: (F,) float64, each framing's MaxSim (framings scored apart), or (1,) the score.
     """
 
@@ -59,7 +59,7 @@ class TokenMatches:
     framing_scores: np.ndarray | None = None
 
 
-def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1) -> TokenMatches:
+def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1, framing: int | None = None) -> TokenMatches:
     """Explain MaxSim(query, doc) term by term.
 
     Args:
@@ -69,13 +69,16 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1) -> Toke
             (``EncoderConfig.score_framings``; ``regis.scores.maxsim.best_framing``): a query token matches only
             the result's tokens of its own framing (the others' similarities are -inf to it), the score is the
             best framing's MaxSim, and only that framing's query tokens contribute (the others: 0).
+        framing: with ``framings`` > 1, the framing whose MaxSim is the score whichever is larger (0: the first;
+            the duplicates self-join scores the centre crop only, ``regis.duplicates.report.explain_pair``); None:
+            the better one.
 
     Returns:
         ``TokenMatches``; its ``score`` equals the search's MaxSim score up to float32 summation order.
 
     Raises:
         ConfigError: shapes that are not (m, D) and (n, D) with the same D, an empty side, or token counts that
-            do not split into ``framings``.
+            do not split into ``framings``, or a ``framing`` outside 0 .. framings - 1.
     """
     query = np.asarray(query, dtype=np.float32)
     doc = np.asarray(doc, dtype=np.float32)
@@ -83,6 +86,8 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1) -> Toke
         raise ConfigError(f"need (m, D) query and (n, D) result tokens, got {query.shape} and {doc.shape}")
     if framings < 1 or len(query) % framings or len(doc) % framings:
         raise ConfigError(f"{len(query)} query and {len(doc)} result tokens do not split into {framings} framings")
+    if framing is not None and not 0 <= framing < framings:
+        raise ConfigError(f"framing {framing} is not one of the {framings} framings")
     sims = query @ doc.T
     qf = np.arange(len(query)) // (len(query) // framings)  # each token's framing
     df = np.arange(len(doc)) // (len(doc) // framings)
@@ -90,7 +95,7 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1) -> Toke
     best = sims.argmax(axis=1)
     similarity = sims[np.arange(len(query)), best]
     per = np.array([similarity[qf == f].sum(dtype=np.float64) for f in range(framings)])
-    framing = int(per.argmax())
+    framing = int(per.argmax()) if framing is None else int(framing)
     contribution = np.where(qf == framing, similarity, 0.0).astype(np.float32)
     score = float(contribution.sum(dtype=np.float64))
     share = contribution / score if score != 0 else np.zeros_like(contribution)
