@@ -668,3 +668,44 @@ def test_a_two_framing_pairs_explanation_is_of_the_centre_crop_the_join_scored(d
         assert ex["framing"] == "crop"
         for key in ("a_to_b", "b_to_a"):
             assert ex[key]["score_per_token"] == pytest.approx(p["scores"][key], abs=6e-5)
+
+
+@pytest.mark.slow
+def test_a_two_framing_join_reads_only_the_centre_crop_rows(dup_index_two_framings, monkeypatch):
+    """The join of a two-framing index reads each image's centre-crop tokens alone (the first T of its 2T: half
+    its row's bytes, one read each), and keeps the pairs and scores of an exact MaxSim over them, vectorised and
+    image by image alike."""
+    from regis.duplicates.selfjoin import self_join
+    from regis.indexes import store as store_module
+
+    reads: list[int] = []
+    pread = store_module._pread_into
+
+    def counted(fd, view, offset):
+        reads.append(len(view))
+        return pread(fd, view, offset)
+
+    with _open(dup_index_two_framings) as snap:
+        ids = snap.store.live_ids
+        t2, d = snap.manifest.tokens_per_image, snap.manifest.encoder.dim
+        t = t2 // 2
+        crop = snap.store.get(ids).astype(np.float32)[:, :t]
+        s = np.einsum("atd,bsd->abts", crop, crop).max(axis=3).mean(axis=2)  # s[a, b] = S(a, b) / T
+        monkeypatch.setattr(store_module, "_pread_into", counted)
+        for floor, neighbours, per_image in ((0.0, 3, False), (0.0, 3, True), (0.4, 16, False), (0.4, 16, True)):
+            reads.clear()
+            pairs = self_join(snap, floor=floor, neighbours=neighbours, per_image=per_image, batch=4)
+            assert reads and set(reads) == {t * d * 2}  # one centre crop (T x D float16) per read, never a full row
+            rows = {(int(ids[a]), int(ids[b])) for a in range(len(ids)) for b in range(a + 1, len(ids))
+                    if max(s[a, b], s[b, a]) >= floor}
+            got = set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True))
+            assert got <= rows and (neighbours < len(ids) - 1 or got == rows)
+            pos = {int(i): k for k, i in enumerate(ids)}
+            for a, b, sab, sba in zip(pairs.a, pairs.b, pairs.s_ab, pairs.s_ba, strict=True):
+                assert sab == pytest.approx(s[pos[a], pos[b]], abs=1e-5)
+                assert sba == pytest.approx(s[pos[b], pos[a]], abs=1e-5)
+        fast = self_join(snap, floor=0.0, neighbours=2, batch=3)
+        slow = self_join(snap, floor=0.0, neighbours=2, batch=3, per_image=True)
+        assert fast.a.tolist() == slow.a.tolist() and fast.b.tolist() == slow.b.tolist()
+        np.testing.assert_allclose(fast.s_ab, slow.s_ab, atol=1e-6)
+        np.testing.assert_allclose(fast.s_ba, slow.s_ba, atol=1e-6)

@@ -57,3 +57,23 @@ def test_a_segment_truncated_after_opening_is_an_index_format_error(tmp_path):
     np.testing.assert_array_equal(store.get(np.array([5, 6])).shape, (2, T, D))
     with pytest.raises(IndexFormatError, match="ended before row"):
         store.get(np.array([11]))
+
+
+def test_the_first_tokens_of_each_row_are_read_alone(tmp_path):
+    """``get(ids, tokens=k)``: the first k tokens of each image (a two-framing index's centre crop), in the order
+    asked, and only their bytes: a row cut short after its first token still reads with k = 1."""
+    infos, expected, locations = _segments(tmp_path)
+    store = TokenStore(tmp_path, infos, locations, T, D)
+    ids = np.array([11, 0, 4, 4, 5, 2, 3, 10, 6, 0], dtype=np.int64)
+    for k in (1, 2, T):
+        got = store.get(ids, k)
+        assert got.shape == (len(ids), k, D)
+        np.testing.assert_array_equal(got, expected[ids, :k])
+    for bad in (0, T + 1):
+        with pytest.raises(ValueError, match="tokens must be"):
+            store.get(ids, bad)
+    with open(tmp_path / "seg2.f16", "r+b") as f:
+        f.truncate((2 * T + 1) * D * 2)  # rows 0 and 1 of 7, and row 2's first token
+    np.testing.assert_array_equal(store.get(np.array([7, 5]), 1), expected[[7, 5], :1])
+    with pytest.raises(IndexFormatError, match="ended before row"):
+        store.get(np.array([7]), 2)

@@ -128,7 +128,7 @@ class _Join:
     def score(self, query: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(ids) == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        fwd, rev = both_ways(query, self.store.get(ids)[:, :self.T])
+        fwd, rev = both_ways(query, self.store.get(ids, self.T))
         return fwd / self.T, rev / self.T
 
     def one(self, image_id: int, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray) -> CandidatePairs:
@@ -171,7 +171,7 @@ class _Join:
         of every query at once (``vectorised``), or image by image with ``complete`` (its range search is per
         image)."""
         t0 = time.perf_counter()
-        tokens = self.store.get(ids)[:, :self.T].astype(np.float32)
+        tokens = self.store.get(ids, self.T).astype(np.float32)
         b, t, d = tokens.shape
         if self.snapshot.faiss.ntotal == 0:
             return []
@@ -218,7 +218,7 @@ class _Join:
             return CandidatePairs.empty()
         t1 = time.perf_counter()
         union, pos = np.unique(cand, return_inverse=True)
-        docs = self.store.get(union)[:, :self.T]  # (u, T, D) float16, read once for the batch
+        docs = self.store.get(union, self.T)  # (u, T, D) float16, read once for the batch (the centre crop's rows only)
         self.spent["fetch"] += time.perf_counter() - t1
         t2 = time.perf_counter()
         fwd = np.empty(len(cand), np.float32)

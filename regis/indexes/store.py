@@ -80,44 +80,57 @@ class TokenStore:
         out[ok] = self.locations[ids[ok], 0] >= 0
         return out
 
-    def get(self, ids: np.ndarray) -> np.ndarray:
+    def get(self, ids: np.ndarray, tokens: int | None = None) -> np.ndarray:
         """Tokens of live images.
 
         Args:
             ids: (n,) int64 live image ids.
+            tokens: read only each image's first ``tokens`` tokens (None: all T). An image's row holds its
+                framings one after the other (``EncoderConfig.framings``; "center-crop+aspect": the centre crop's
+                T / 2 tokens first), so T / 2 reads one framing's: half the bytes, one ``pread`` per image.
 
         Returns:
-            (n, T, D) float16, in the order of ``ids``.
+            (n, T, D) float16 (``tokens``: (n, tokens, D)), in the order of ``ids``.
 
         Raises:
             KeyError: an id is not live.
+            ValueError: ``tokens`` outside 1 .. T.
         """
         ids = np.asarray(ids, dtype=np.int64)
+        width = self.tokens_per_image if tokens is None else int(tokens)
+        if not 1 <= width <= self.tokens_per_image:
+            raise ValueError(f"tokens must be 1 .. {self.tokens_per_image} per image, got {tokens}")
         if not self.is_live(ids).all():
             bad = ids[~self.is_live(ids)][:5].tolist()
             raise KeyError(f"image ids not in the index: {bad}")
-        out = np.empty((len(ids), self.tokens_per_image, self.dim), dtype=TOKEN_DTYPE)
+        out = np.empty((len(ids), width, self.dim), dtype=TOKEN_DTYPE)
         locs = self.locations[ids]
         for seg_index in np.unique(locs[:, 0]):
             sel = np.flatnonzero(locs[:, 0] == seg_index)
             rows = locs[sel, 1]
             order = np.argsort(rows, kind="stable")  # ascending rows: runs of consecutive ones, one read each
-            out[sel[order]] = self._read_rows(int(seg_index), rows[order])
+            out[sel[order]] = self._read_rows(int(seg_index), rows[order], width)
         return out
 
-    def _read_rows(self, seg_index: int, rows: np.ndarray) -> np.ndarray:
-        """(n, T, D) float16 tokens of ``rows`` (ascending, may repeat) of segment ``seg_index``.
+    def _read_rows(self, seg_index: int, rows: np.ndarray, width: int | None = None) -> np.ndarray:
+        """(n, width, D) float16: the first ``width`` tokens (None: all T) of ``rows`` (ascending, may repeat) of
+        segment ``seg_index``: one read per run of consecutive rows, or per row when ``width`` < T.
 
         Raises:
             IndexFormatError: the segment file ended early (it was truncated after the store opened it).
         """
         fd = self._fds[seg_index]
+        width = self.tokens_per_image if width is None else width
         if not len(rows):
-            return np.empty((0, self.tokens_per_image, self.dim), dtype=TOKEN_DTYPE)
+            return np.empty((0, width, self.dim), dtype=TOKEN_DTYPE)
         unique, inverse = np.unique(rows, return_inverse=True)
-        buf = np.empty((len(unique), self.tokens_per_image, self.dim), dtype=TOKEN_DTYPE)
-        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-        for start, end in zip(np.r_[0, breaks], np.r_[breaks, len(unique)], strict=True):
+        buf = np.empty((len(unique), width, self.dim), dtype=TOKEN_DTYPE)
+        if width < self.tokens_per_image:  # a part of each row: one read each
+            starts, ends = np.arange(len(unique)), np.arange(1, len(unique) + 1)
+        else:
+            breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+            starts, ends = np.r_[0, breaks], np.r_[breaks, len(unique)]
+        for start, end in zip(starts, ends, strict=True):
             if not _pread_into(fd, memoryview(buf[start:end]).cast("B"), int(unique[start]) * self._row_bytes):
                 raise IndexFormatError(f"token segment {seg_index} ended before row {int(unique[end - 1])}")
         return buf if len(unique) == len(rows) else buf[inverse.reshape(-1)]
