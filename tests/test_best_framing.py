@@ -106,6 +106,32 @@ def test_the_scorers_equal_the_score_recomputed_by_hand(planted):
         maxsim_gemm_np(queries["crop"][:29], docs, framings=2)
 
 
+def test_every_scorer_refuses_tokens_that_do_not_split_into_the_framings(planted):
+    """One check (``regis.scores.framings.framing_split``): an odd query, an odd image or framings 0 raise the same
+    ConfigError (a ValueError) in the torch and numpy MaxSim, the SQ4 codes and the explanation."""
+    from regis.indexes.codes import sq4_maxsim
+    from regis.scores.explain import token_matches
+    from regis.scores.framings import framing_split
+
+    tokens, queries = planted
+    q, docs = queries["crop"], tokens[:3]
+    assert framing_split(30, 20, 2) == (15, 10) and framing_split(29, 19, 1) == (29, 19)
+    codes = np.zeros((3, 2 * TF, D // 2), dtype=np.uint8)
+    scorers = {
+        "torch": lambda q, d, f: maxsim_gemm(torch.from_numpy(q), torch.from_numpy(d), framings=f),
+        "numpy": lambda q, d, f: maxsim_gemm_np(q, d, framings=f),
+        "codes": lambda q, d, f: sq4_maxsim(q, codes[:, : d.shape[1]], np.zeros(D, np.float32),
+                                            np.ones(D, np.float32), framings=f),
+        "explain": lambda q, d, f: token_matches(q, d[0], f),
+    }
+    for name, score in scorers.items():
+        score(q, docs, 2)  # splits
+        for bad_q, bad_d, f in ((q[:29], docs, 2), (q, docs[:, :19], 2), (q, docs, 0)):
+            with pytest.raises(ConfigError, match=f"do not split into {f} framings"):
+                score(bad_q, bad_d, f)
+                pytest.fail(name)
+
+
 @pytest.mark.parametrize("device", ["cpu", None])
 @pytest.mark.parametrize("use_codes", [False, True])
 def test_search_returns_the_better_framings_score_in_every_path(tmp_path, planted, device, use_codes):

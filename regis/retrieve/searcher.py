@@ -25,6 +25,7 @@ from regis.errors import ConfigError
 from regis.indexes import faiss_index
 from regis.indexes.snapshot import IndexSnapshot
 from regis.retrieve import candidates as cands
+from regis.scores.framings import framing_split
 from regis.scores.maxsim_np import maxsim_gemm_np
 
 DEFAULT_DEPTH = 64  # candidate depth of indexes whose manifest records none (the manifest's depth wins)
@@ -132,9 +133,7 @@ class Searcher:
         query = np.asarray(query, dtype=np.float32)
         if query.ndim != 2 or query.shape[1] != self.D or query.shape[0] < 1:
             raise ConfigError(f"query tokens must be (m, {self.D}), got {tuple(query.shape)}")
-        if query.shape[0] % self.framings:
-            raise ConfigError(f"this index scores {self.framings} framings apart: the query's {query.shape[0]} tokens "
-                              f"must be {self.framings} equal blocks, one per framing")
+        framing_split(query.shape[0], self.T, self.framings)  # framings scored apart: equal blocks, one per framing
         if not 1 <= k <= MAX_K:
             raise ConfigError(f"k must be between 1 and {MAX_K}, got {k}")
         if not 1 <= depth <= MAX_DEPTH:

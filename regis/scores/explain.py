@@ -29,6 +29,7 @@ from regis.models.geometry import (
     nominal_grid,
     window_bounds,
 )
+from regis.scores.framings import framing_split
 
 # The framings of "center-crop+aspect", in their token order: the names of token prefixes and of the framing
 # an explanation says won (framings scored apart).
@@ -84,13 +85,12 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1, framing
     doc = np.asarray(doc, dtype=np.float32)
     if query.ndim != 2 or doc.ndim != 2 or query.shape[1] != doc.shape[1] or not len(query) or not len(doc):
         raise ConfigError(f"need (m, D) query and (n, D) result tokens, got {query.shape} and {doc.shape}")
-    if framings < 1 or len(query) % framings or len(doc) % framings:
-        raise ConfigError(f"{len(query)} query and {len(doc)} result tokens do not split into {framings} framings")
+    mf, nf = framing_split(len(query), len(doc), framings)
     if framing is not None and not 0 <= framing < framings:
         raise ConfigError(f"framing {framing} is not one of the {framings} framings")
     sims = query @ doc.T
-    qf = np.arange(len(query)) // (len(query) // framings)  # each token's framing
-    df = np.arange(len(doc)) // (len(doc) // framings)
+    qf = np.arange(len(query)) // mf  # each token's framing
+    df = np.arange(len(doc)) // nf
     sims = np.where(qf[:, None] == df[None, :], sims, -np.inf)  # another framing's tokens: -inf, never 0
     best = sims.argmax(axis=1)
     similarity = sims[np.arange(len(query)), best]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from regis.scores.framings import framing_split
+
 
 def _check_tokens(name: str, x: torch.Tensor, ndim: int) -> None:
     if x.ndim != ndim:
@@ -122,24 +124,14 @@ def gemm_chunk_docs(docs: torch.Tensor) -> int:
     return max(1, CPU_CHUNK_VALUES // max(1, docs.shape[1] * docs.shape[2]))
 
 
-def check_framings(m: int, n: int, framings: int) -> None:
-    """Token counts that split into ``framings`` equal framings: query m and document n tokens.
-
-    Raises:
-        ValueError: framings < 1, or m or n not a multiple of it.
-    """
-    if framings < 1 or m % framings or n % framings:
-        raise ValueError(f"{m} query and {n} document tokens do not split into {framings} framings")
-
-
 def best_framing(sims: torch.Tensor, framings: int) -> torch.Tensor:
     """The better framing's MaxSim from all token similarities: ``sims`` (m, c, n) (query token, document,
     document token), each side's tokens ``framings`` equal blocks one after the other -> (c,): the max over
     framings f of sum_{i in f} max_{j in f} sims[i, :, j]. A query token never matches another framing's tokens
     (the blocks are selected, nothing is masked). ``framings`` 1: plain MaxSim."""
     m, c, n = sims.shape
-    check_framings(m, n, framings)
-    blocks = sims.view(framings, m // framings, c, framings, n // framings)
+    mf, nf = framing_split(m, n, framings)
+    blocks = sims.view(framings, mf, c, framings, nf)
     per = torch.stack([blocks[f, :, :, f].amax(dim=-1).sum(dim=0) for f in range(framings)])  # (F, c)
     return per.amax(dim=0)
 
@@ -174,8 +166,7 @@ def maxsim_gemm(query: torch.Tensor, docs: torch.Tensor, chunk_size: int | None 
         chunk_size = gemm_chunk_docs(docs)
     _check_chunked("query", query, 2, docs, chunk_size)
     n_docs, n, d = docs.shape
-    if framings != 1:
-        check_framings(query.shape[0], n, framings)
+    framing_split(query.shape[0], n, framings)
     out = []
     for start in range(0, n_docs, chunk_size):
         chunk = docs[start : start + chunk_size]

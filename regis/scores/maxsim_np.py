@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from regis.scores.framings import framing_split
+
 CPU_CHUNK_VALUES = 1 << 20  # as regis.scores.maxsim: 4 MiB of float32 upcast per GEMM
 
 
@@ -19,9 +21,8 @@ def best_framing_np(sims: np.ndarray, framings: int) -> np.ndarray:
         ValueError: m or n not a multiple of ``framings`` (or framings < 1).
     """
     m, c, n = sims.shape
-    if framings < 1 or m % framings or n % framings:
-        raise ValueError(f"{m} query and {n} document tokens do not split into {framings} framings")
-    blocks = sims.reshape(framings, m // framings, c, framings, n // framings)
+    mf, nf = framing_split(m, n, framings)
+    blocks = sims.reshape(framings, mf, c, framings, nf)
     per = [blocks[f, :, :, f].max(axis=-1).sum(axis=0, dtype=np.float32) for f in range(framings)]
     return np.max(np.stack(per), axis=0)
 
@@ -53,8 +54,7 @@ def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None =
         chunk_size = max(1, CPU_CHUNK_VALUES // max(1, n * d))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if framings != 1 and (framings < 1 or len(query) % framings or n % framings):
-        raise ValueError(f"{len(query)} query and {n} document tokens do not split into {framings} framings")
+    framing_split(len(query), n, framings)
     query = np.ascontiguousarray(query, dtype=np.float32)
     out = []
     for start in range(0, n_docs, chunk_size):
