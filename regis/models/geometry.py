@@ -35,7 +35,7 @@ import math
 from typing import Protocol
 
 from regis.errors import ConfigError
-from regis.models.config import BORDER_MODES, check_roi_size
+from regis.models.config import BORDER_MODES, TWO_FRAMINGS, check_roi_size
 
 
 class EncoderConfig(Protocol):
@@ -53,9 +53,6 @@ Box = tuple[float, float, float, float]
 CNN_STRIDE = 32  # a CNN backbone's output stride: one feature-map cell per 32 x 32 input pixels
 ASPECT_MAX_RATIO = 2.0  # "aspect" frame: the long side at most this times ``image_size``
 ASPECT_MIN_SHORT = 0.5  # ... and the short side at least this times (rounded to the stride)
-
-
-TWO_FRAMINGS = "center-crop+aspect"
 
 
 def is_aspect(config: EncoderConfig) -> bool:
