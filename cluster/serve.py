@@ -13,10 +13,10 @@ Deployments:
   re-sharded while served (``regis.sharding.reshard``) is served by the deployments there are. Replicas:
   ``--replicas`` / ``REGIS_RAY_SHARD_REPLICAS``; a call whose replica dies is resent (``_RayCall``).
 - Or no shard deployment at all (``REGIS_RAY_SHARD_PLACEMENT=ingress``, and "auto", the default, on a one-node
-  cluster with no shard setting given): each ingress replica opens every shard itself (``LocalShards``) and
-  searches them in its own process, as ``regis serve`` does a sharded collection: no Ray Serve call per shard,
-  no tokens or results serialised, no shard replica process, the batch's queries in one batched search per shard
-  (BENCHMARKS.md section 6).
+  cluster with no shard setting given and one ingress replica; ``RaySettings.shards_in_ingress``): each ingress
+  replica opens every shard itself (``LocalShards``) and searches them in its own process, as ``regis serve``
+  does a sharded collection: no Ray Serve call per shard, no tokens or results serialised, no shard replica
+  process, the batch's queries in one batched search per shard (BENCHMARKS.md section 6).
 - Requests in flight per replica: ``REGIS_RAY_{INGRESS,ENCODER,SHARD}_MAX_ONGOING_REQUESTS`` (Ray Serve's
   ``max_ongoing_requests``; docs/SCALE.md).
 - ``Ingress``: the FastAPI app of ``regis serve`` itself (``service.app.create_app``: the same routes,
@@ -352,7 +352,7 @@ def _ingress_start(service: Settings, settings: RaySettings, encoder, shards: li
         from service.live import IndexWatcher
 
         manifest = collection_manifest(service.index_dir)
-        if shards:
+        if not settings.shards_in_ingress():
             clients = [RayShard(h, settings.shard_timeout_s) for h in shards]
         else:  # every shard searched here (shard_placement "ingress")
             from regis.sharding.engine import LocalShards
@@ -414,7 +414,7 @@ class Ingress:
 
     def __init__(self, service: Settings, settings: RaySettings, weights: str | None, encoder, writer, *shards):
         replica_on_loopback()
-        if not shards and settings.shard_placement != "ingress":
+        if not shards and not settings.shards_in_ingress():
             raise ValueError("the ingress needs at least one shard deployment (or REGIS_RAY_SHARD_PLACEMENT=ingress)")
         self.service, self.settings, self.weights = service, settings, weights
         self.encoder, self.writer, self.shards = encoder, writer, list(shards)
@@ -454,7 +454,7 @@ def build_app(collection: Path | str, service: Settings, settings: RaySettings, 
                             max_ongoing_requests=settings.shard_max_ongoing_requests,
                             ray_actor_options={"num_cpus": cpus["shard"]}, logging_config=quiet
                             ).bind(collection, s, settings)
-              for s in range(0 if settings.shards_in_ingress() else layout["num_shards"])]
+              for s in range(settings.shard_deployments(layout["num_shards"]))]
     service = service.model_copy(update={"index_dir": Path(collection)})
     writer = None
     if needs_writer(service):
@@ -508,9 +508,9 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
         ray.init(address=settings.address, namespace=settings.namespace, log_to_driver=False)
     num_shards = read_layout(collection)["num_shards"]
     nodes, free = cluster_cpus()
-    local = settings.shards_in_ingress(len(nodes))
-    settings = settings.model_copy(update={"shard_placement": "ingress" if local else "deployment"})
-    sizing = size_requests(settings, 0 if local else num_shards, nodes, free, writer=needs_writer(service))
+    settings = settings.with_shard_placement(len(nodes))
+    local = settings.shards_in_ingress()
+    sizing = size_requests(settings, settings.shard_deployments(num_shards), nodes, free, writer=needs_writer(service))
     settings = sized_settings(settings, sizing)
     encoders = "encoder in the ingress" if settings.encoder_in_ingress() else f"{settings.encoder_replicas} encoder(s)"
     shards = (f"{num_shards} shard(s) searched in the ingress" if local

@@ -30,9 +30,11 @@ class RaySettings(BaseSettings):
             own replicas: calls from the ingress over Ray Serve), "ingress" (every shard opened in each ingress
             replica, searched in its process as ``regis serve`` searches a sharded collection: no call, no
             serialised tokens or results, no shard replicas; each ingress replica holds every shard in memory),
-            or "auto" (default: "ingress" when the Ray cluster has one node and no shard setting asks for
-            deployments (``shard_replicas`` 1, ``shard_num_cpus`` unset), else "deployment"; resolved by
-            ``cluster.serve.start`` from the nodes alive then: BENCHMARKS.md section 6).
+            or "auto" (default: "ingress" when the Ray cluster has one node, no shard setting asks for
+            deployments (``shard_replicas`` 1, ``shard_num_cpus`` unset) and there is one ingress replica
+            (``ingress_replicas`` 1: each ingress replica would hold every shard in memory again), else
+            "deployment"; resolved by ``cluster.serve.start`` from the nodes alive then: BENCHMARKS.md section 6).
+            The rule: ``shards_in_ingress``.
         encoder_replicas: encoder deployment replicas.
         encoder_num_cpus, encoder_num_gpus: resources per encoder replica (GPU > 0 encodes on CUDA in bf16).
             ``encoder_num_cpus``, ``shard_num_cpus``, ``ingress_num_cpus`` unset (None): sized from the cluster's
@@ -127,14 +129,29 @@ class RaySettings(BaseSettings):
         return self
 
     def shards_in_ingress(self, nodes: int | None = None) -> bool:
-        """Whether the shards are searched in the ingress (``shard_placement``; "auto" needs the number of alive
-        nodes, ``nodes``: without it, "auto" means deployments, as for an application built for a cluster).
+        """Whether the shards are searched in the ingress, no shard deployment (``shard_placement``): the one
+        rule every part of ``cluster.serve`` asks. "auto": only on one node, with one replica of each shard, no
+        shard CPU request and one ingress replica (more ingress replicas, like ``--replicas`` 2 or more, keep one
+        deployment per shard: every ingress replica would hold every shard in memory); it needs the number of alive
+        nodes, ``nodes``: without it, "auto" means deployments, as for an application built for a cluster (KubeRay).
 
         Args:
             nodes: the Ray cluster's alive nodes (None: unknown)."""
         if self.shard_placement != "auto":
             return self.shard_placement == "ingress"
-        return nodes == 1 and self.shard_replicas == 1 and self.shard_num_cpus is None
+        return (nodes == 1 and self.shard_replicas == 1 and self.shard_num_cpus is None
+                and self.ingress_replicas == 1)
+
+    def with_shard_placement(self, nodes: int | None) -> RaySettings:
+        """These settings with ``shard_placement`` resolved ("ingress" or "deployment", never "auto") for a
+        cluster of ``nodes`` alive nodes (``shards_in_ingress``)."""
+        return self.model_copy(update={"shard_placement": "ingress" if self.shards_in_ingress(nodes) else "deployment"})
+
+    def shard_deployments(self, num_shards: int) -> int:
+        """Shard deployments of a collection of ``num_shards`` shards: one per shard, or none when they are
+        searched in the ingress (``shards_in_ingress`` with the placement as set: "auto" unresolved means
+        deployments)."""
+        return 0 if self.shards_in_ingress() else num_shards
 
     def encoder_in_ingress(self) -> bool:
         """Whether queries are encoded in the ingress (``encoder_placement``)."""

@@ -40,6 +40,11 @@ def test_serve_start_gets_the_keep_alive_of_regis_serve(tmp_path, monkeypatch):
     cluster.serve.start(tmp_path, Settings(index_dir=tmp_path), settings)
     sized = calls["app"][2]
     assert sized.shard_placement == "deployment" and 2 * sized.shard_num_cpus + sized.ingress_num_cpus <= 2.0
+    # one node, two ingress replicas: one deployment per shard too, sized with both ingress replicas
+    monkeypatch.setattr(cluster.resources, "cluster_cpus", lambda: ([2.0], 2.0))
+    cluster.serve.start(tmp_path, Settings(index_dir=tmp_path), settings.model_copy(update={"ingress_replicas": 2}))
+    sized = calls["app"][2]
+    assert sized.shard_placement == "deployment" and 2 * sized.shard_num_cpus + 2 * sized.ingress_num_cpus <= 2.0
 
     options = calls["start"]["http_options"]
     assert options == {"host": settings.http_host, "port": 8123, "keep_alive_timeout_s": 62}
@@ -123,11 +128,21 @@ def test_the_rayservice_settings_are_valid_ray_settings(monkeypatch):
     assert settings.encoder_max_ongoing_requests >= 2 * settings.max_batch_size == 128
 
 
-def test_the_shards_are_searched_in_the_ingress_on_one_node_unless_a_shard_setting_asks_for_deployments():
+def test_the_shards_are_searched_in_the_ingress_on_one_node_unless_a_setting_asks_for_deployments():
     assert RaySettings().shards_in_ingress(1) is True
     assert RaySettings().shards_in_ingress(2) is False
     assert RaySettings().shards_in_ingress(None) is False  # an application built for a cluster (KubeRay)
     assert RaySettings(shard_replicas=2).shards_in_ingress(1) is False
     assert RaySettings(shard_num_cpus=0.5).shards_in_ingress(1) is False
+    assert RaySettings(ingress_replicas=2).shards_in_ingress(1) is False  # else each replica holds every shard
     assert RaySettings(shard_placement="deployment").shards_in_ingress(1) is False
     assert RaySettings(shard_placement="ingress").shards_in_ingress(3) is True
+    assert RaySettings(shard_placement="ingress", ingress_replicas=2).shards_in_ingress(1) is True  # as asked
+    # resolved once (cluster.serve.start), then every part of the application reads the same answer
+    for settings, nodes, deployments in ((RaySettings(), 1, 0), (RaySettings(), 2, 4),
+                                         (RaySettings(ingress_replicas=3), 1, 4), (RaySettings(), None, 4),
+                                         (RaySettings(shard_placement="ingress"), 2, 0)):
+        resolved = settings.with_shard_placement(nodes)
+        assert resolved.shard_placement == ("ingress" if deployments == 0 else "deployment")
+        assert resolved.shard_deployments(4) == deployments and resolved.shards_in_ingress(5) is (deployments == 0)
+    assert RaySettings().shard_deployments(4) == 4  # "auto" unresolved (app_from_args): one per shard
