@@ -13,12 +13,14 @@ Inputs, all measured:
    so ``o`` = shard replica CPU per request - ``c(n)``: what a shard costs for being a Ray Serve deployment.
 3. ``--sizes``: ``bench.million``'s JSON rows (docs/results/million/): per shard size ``n`` its one-thread
    search cost (``1000 / qps_1thread_warm``, ms: ``c(n)``), resident bytes per image (``r``), disk bytes per image.
-4. Disk per shard at the run's size: ``du`` of the collection's shard folders (``--collection``).
+4. Disk per shard at the run's size: ``bench.common.dir_bytes`` (as ``du``) of the collection's shard folders
+   (``--collection``).
 
 Printed: the inputs, then for each measured shard size ``n``: shards ``S = ceil(N / n)``, RAM per shard replica
-``b + n x r`` (``b``: the run's shard replica, resident MiB), disk per shard, QPS per replica core ``1000 / (c(n) + o)``, CPU per query ``i + p + S x (c(n) + o)``, the nodes
-one replica of every shard needs (``--node-cores``, ``--node-ram-gib``: shard replicas per node by memory and by
-cores, one core each), and the QPS those nodes serve (CPU-bound: their cores x 1000 / CPU per query).
+``b + n x r`` (``b``: the run's shard replica, resident MiB), disk per shard, QPS per replica core
+``1000 / (c(n) + o)``, CPU per query ``i + p + S x (c(n) + o)``, the nodes one replica of every shard needs
+(``--node-cores``, ``--node-ram-gib``: shard replicas per node by memory and by cores, one core each), and the
+QPS those nodes serve (CPU-bound: their cores x 1000 / CPU per query).
 
 Usage::
 
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import print_machine
+from bench.common import dir_bytes, print_machine
 
 
 def service_rows(log: Path) -> list[dict]:
@@ -119,18 +121,6 @@ def shard_search_ms(collection: Path, batch: int, repeats: int) -> tuple[float, 
     return float(np.mean(per_shard)), int(np.mean(images))
 
 
-def du_bytes(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (each counted once)."""
-    seen, total = set(), 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            st = os.lstat(os.path.join(root, f))
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deployment-log", type=Path, required=True)
@@ -148,12 +138,13 @@ def main() -> None:
     c_small, n_small = shard_search_ms(args.collection, args.batch, args.repeats)
     o = max(ray["cpu"]["shard"] - c_small, 0.0)
     shard_dirs = sorted(d for d in args.collection.iterdir() if d.is_dir() and d.name.startswith("shard-"))
-    disk_small = float(np.mean([du_bytes(d) for d in shard_dirs]))
+    disk_small = float(np.mean([dir_bytes(d) for d in shard_dirs]))
     inputs = {"clients": ray["clients"], "run_shards": ray["shards"], "run_qps": round(ray["qps"], 1),
               "i_ingress_ms": round(ray["cpu"]["ingress"], 1), "p_proxy_ms": round(ray["cpu"]["proxy"], 1),
               "ray_own_ms": round(ray["cpu"]["ray"], 1), "shard_replica_ms": round(ray["cpu"]["shard"], 1),
               "shard_images": n_small, "c_small_ms": round(c_small, 2), "o_ms": round(o, 1),
-              "shard_replica_rss_mib": round(ray["rss_mib"]["shard"]), "ingress_rss_mib": round(ray["rss_mib"]["ingress"]),
+              "shard_replica_rss_mib": round(ray["rss_mib"]["shard"]),
+              "ingress_rss_mib": round(ray["rss_mib"]["ingress"]),
               "ray_own_rss_mib": round(ray["rss_mib"]["ray"]), "disk_per_shard_mb": round(disk_small / 1e6, 1)}
     print("inputs:", json.dumps(inputs), flush=True)
     sizes = json.loads(args.sizes.read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import stat
 import time
 from pathlib import Path
 
@@ -138,8 +139,16 @@ class Timer:
 
 
 def dir_bytes(path: Path) -> int:
-    """Total size of the files below ``path`` (bytes)."""
+    """Disk size of ``path``, bytes: a file's size, or the sizes of the regular files below a folder, each file
+    counted once (hard links to one file: once, as ``du``; symbolic links not followed)."""
     path = Path(path)
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    seen, total = set(), 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(root, f))
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total

@@ -1,0 +1,20 @@
+"""``bench.common.dir_bytes``, the one disk-size measure of the benchmarks (bench.capacity, bench.index_size,
+bench.million, bench.peers): each file once, as ``du``."""
+
+from __future__ import annotations
+
+import os
+
+from bench.common import dir_bytes
+
+
+def test_dir_bytes_counts_each_file_once(tmp_path):
+    (tmp_path / "a").write_bytes(b"x" * 1000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").write_bytes(b"y" * 24)
+    os.link(tmp_path / "a", tmp_path / "sub" / "a-again")  # one file, two names (as backups link segments)
+    (tmp_path / "link").symlink_to(tmp_path / "a")  # not followed
+    (tmp_path / "sub-link").symlink_to(tmp_path / "sub", target_is_directory=True)
+    assert dir_bytes(tmp_path) == 1024
+    assert dir_bytes(tmp_path / "a") == 1000
+    assert dir_bytes(tmp_path / "empty-missing") == 0
