@@ -125,13 +125,15 @@ class TokenStore:
             return np.empty((0, width, self.dim), dtype=TOKEN_DTYPE)
         unique, inverse = np.unique(rows, return_inverse=True)
         buf = np.empty((len(unique), width, self.dim), dtype=TOKEN_DTYPE)
+        flat, size = memoryview(buf).cast("B"), width * self.dim * np.dtype(TOKEN_DTYPE).itemsize  # bytes per row
         if width < self.tokens_per_image:  # a part of each row: one read each
             starts, ends = np.arange(len(unique)), np.arange(1, len(unique) + 1)
         else:
             breaks = np.flatnonzero(np.diff(unique) != 1) + 1
             starts, ends = np.r_[0, breaks], np.r_[breaks, len(unique)]
-        for start, end in zip(starts, ends, strict=True):
-            if not _pread_into(fd, memoryview(buf[start:end]).cast("B"), int(unique[start]) * self._row_bytes):
+        first = (unique[starts] * self._row_bytes).tolist()  # file offsets
+        for start, end, offset in zip(starts.tolist(), ends.tolist(), first, strict=True):
+            if not _pread_into(fd, flat[start * size:end * size], offset):
                 raise IndexFormatError(f"token segment {seg_index} ended before row {int(unique[end - 1])}")
         return buf if len(unique) == len(rows) else buf[inverse.reshape(-1)]
 
