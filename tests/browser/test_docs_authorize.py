@@ -52,6 +52,7 @@ def test_the_openapi_document_declares_the_keys_where_they_are_needed(keyed):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a browser over its own server: 6.1 s of make test at load 5.6-7.5 (make test-heavy runs it)
 def test_swagger_ui_authorize_makes_try_it_out_work(browser, keyed):
     settings, key = keyed
     with ServerThread(create_app(settings)) as server:

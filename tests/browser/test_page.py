@@ -234,6 +234,7 @@ def test_phone_sized_window(browser, server, query_file, tmp_path):
         page.close()
 
 
+@pytest.mark.heavy  # its own regis serve and index: 12.9 s of make test at load 5.6-7.5 (make test-heavy runs it)
 def test_collection_picker_starts_on_the_first_collection_with_images(browser, lite0_index, lite0_encoder,
                                                                       photos_dir, tmp_path):
     """A collections root without a default collection: "later" (empty), "tools" (3 photos), "zoo" (all 21); the
@@ -278,6 +279,7 @@ def _image_shown(page, selector: str) -> bool:
     return page.evaluate(f"[...document.querySelectorAll({selector!r})].every(i => i.complete && i.naturalWidth > 0)")
 
 
+@pytest.mark.heavy  # its own regis serve: 13.2 s of make test at load 5.6-7.5 (make test-heavy runs it)
 def test_api_key_field_when_the_server_requires_keys(browser, lite0_index, query_file, tmp_path):
     """With keys required (the docker-compose default) the page asks for a key, says when one is refused, and with
     a valid read key searches, shows the thumbnails (fetched with the header) and explains; the key is kept."""

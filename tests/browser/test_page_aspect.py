@@ -14,7 +14,8 @@ import pytest
 from PIL import Image
 from test_page import _screenshot, _serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # ~40-80 s of make test: make test-heavy (CI) runs them; make test stays under 10 min
+# ~40-80 s of make test: make test-heavy (CI) runs them; make test stays under 10 min
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")
