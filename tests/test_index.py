@@ -188,8 +188,11 @@ def test_killed_build_leaves_the_old_index_readable(tmp_path, photos, tiny_index
 
 def test_another_encoder_is_refused(tiny_index, photos):
     other = build_encoder("vit-tiny-reg4-test", random_init=True, seed=1)
-    with pytest.raises(IndexMismatchError, match="new index directory"):
+    with pytest.raises(IndexMismatchError, match="they differ in the weights .* new index directory"):
         build(photos, tiny_index, other)
+    shifted = build_encoder("vit-tiny-reg4-test", random_init=True, border="shift")  # the same weights
+    with pytest.raises(IndexMismatchError, match="they differ in border 'clip' vs 'shift' \\(index vs encoder\\)"):
+        build(photos, tiny_index, shifted)
     with pytest.raises(IndexMismatchError):
         QueryEngine(other, IndexSnapshot.open(tiny_index))
 

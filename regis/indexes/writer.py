@@ -159,12 +159,15 @@ class IndexWriter:
         base_dir = self.dir / VERSIONS_DIR / base_name if base_name else None
         if self.base is not None:
             if self.base.encoder != encoder or self.base.weights.sha256 != weights.sha256:
+                differing = ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in
+                                      self.base.encoder.differences(encoder).items()) or "the weights"
                 raise IndexMismatchError(
                     f"the index in {self.dir} was built with encoder {self.base.encoder.backbone} "
                     f"(weights {self.base.weights.source}, sha256 {self.base.weights.sha256[:12]}, "
                     f"N = {self.base.encoder.roi_size}, tokens {self.base.encoder.token_set}); it cannot take tokens "
                     f"from {encoder.backbone} (weights {weights.source}, sha256 {weights.sha256[:12]}, "
-                    f"N = {encoder.roi_size}, tokens {encoder.token_set}). Build into a new index directory."
+                    f"N = {encoder.roi_size}, tokens {encoder.token_set}); they differ in {differing} (index vs "
+                    "encoder). Build into a new index directory."
                 )
         self.explicit_spec = faiss_spec or (self.base.faiss.spec if self.base and not self.base.faiss.auto else None)
         if faiss_spec:

@@ -163,6 +163,11 @@ class EncoderConfig(BaseModel):
                              f"frame {self.frame!r}")
         return self
 
+    def differences(self, other: EncoderConfig) -> dict[str, tuple]:
+        """{field: (this value, ``other``'s)} for every field in which the two configs differ (empty: equal)."""
+        mine, theirs = self.model_dump(), other.model_dump()
+        return {k: (mine[k], theirs.get(k)) for k in mine if mine[k] != theirs.get(k)}
+
     @property
     def score_framings(self) -> int:
         """Framings MaxSim scores apart (``framing_score`` "best": ``framings``, each framing's query tokens

@@ -580,9 +580,8 @@ def encoder_from_manifest(
 def check_encoder_matches(encoder: RegisEncoder, config: EncoderConfig, weights: WeightsInfo) -> None:
     """Raise ``IndexMismatchError`` unless ``encoder`` has exactly this config and weights checksum."""
     if encoder.config != config:
-        mine, theirs = encoder.config.model_dump(), config.model_dump()
-        diff = {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs.get(k)}
-        raise IndexMismatchError(f"encoder does not match the index (encoder vs index): {diff}")
+        raise IndexMismatchError(f"encoder does not match the index (encoder vs index): "
+                                 f"{encoder.config.differences(config)}")
     if encoder.weights_info.sha256 != weights.sha256:
         raise IndexMismatchError(
             f"encoder weights ({encoder.weights_info.source}, sha256 {encoder.weights_info.sha256[:12]}) "
