@@ -347,8 +347,21 @@ function openCompare(pair, group, index) {
   $("compare").showModal();
 }
 
+// The framing a two-framing index's pair was compared on (``explanation.framing``), in words.
+const FRAMING_WORDS = {
+  crop: "the centre crop (the central square of each image)",
+  whole: "the whole image",
+};
+/** Whether query token ``m`` of an explanation counts towards the pair's score: on an index of two framings only the
+ * tokens of the framing the explanation names (their names start "crop-" or "whole-"; the other framing's
+ * contribute 0); on an index of one framing (``framing`` null) every token. */
+function counts(ex, m) {
+  return !ex.framing || ex.a_tokens[m.query_token].name.startsWith(`${ex.framing}-`);
+}
+
 /** The token explanation of the open pair (GET .../duplicates?explain=true for its group): each image's ROI boxes and,
- * on the other image, the box of the token each one matched best, in one colour per token. */
+ * on the other image, the box of the token each one matched best, in one colour per token; on an index of two
+ * framings only the tokens of the framing the pair was scored on, said in words. */
 async function showTokens() {
   const { pair, index } = state.pair;
   $("tokensBtn").disabled = true;
@@ -360,11 +373,17 @@ async function showTokens() {
   const found = g && g.pairs.concat(g.related).find(p => p.a === pair.a && p.b === pair.b);
   const ex = found && found.explanation;
   if (!ex) { showError("No explanation for this pair (an image was deleted meanwhile)."); return; }
-  ex.a_to_b.matches.forEach((m, i) => {
+  ex.a_to_b.matches.filter(m => counts(ex, m)).forEach((m, i) => {
     const colour = COLOURS[i % COLOURS.length];
     const qb = ex.a_tokens[m.query_token].box;
     if (qb && m.result_box) { box($("aSvg"), qb, colour); box($("bSvg"), m.result_box, colour); }
   });
+  if (ex.framing) {
+    const words = FRAMING_WORDS[ex.framing] || `the ${ex.framing} framing`;
+    $("cmpFacts").append(el("tr", { id: "cmpFraming" }, el("td", { class: "muted" }, "token matches"),
+      el("td", {}, `compared on ${words}: the framing the pair's scores come from; the other framing's tokens are ` +
+        "not part of them and are not drawn")));
+  }
 }
 $("tokensBtn").addEventListener("click", showTokens);
 $("cmpClose").addEventListener("click", () => $("compare").close());

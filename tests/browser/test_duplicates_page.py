@@ -91,7 +91,8 @@ def server(library, tmp_path_factory):
 
 
 def _get(url: str, key: str) -> dict:
-    with urllib.request.urlopen(urllib.request.Request(url, headers={"X-API-Key": key}), timeout=120) as r:
+    headers = {"X-API-Key": key} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=120) as r:
         return json.loads(r.read())
 
 
@@ -213,5 +214,70 @@ def test_groups_relations_comparison_and_keep_this_one(browser, server, tmp_path
                                timeout=180_000)
         assert _card(page, cat).count() == 0
         assert page.locator("#groups .group h2", has_text="copies").count() == 1  # the astronaut's group is left
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def server_two_framings(library, tmp_path_factory):
+    """The service, no keys, over the library indexed as new CNN indexes are: the default backbone with two
+    framings per image scored apart ("center-crop+aspect", framing score "best": 20 tokens, 10 per framing);
+    yields (url, {file name: image id})."""
+    from regis.models.config import TWO_FRAMINGS
+    from regis.models.encoder import build_encoder
+    from regis.models.registry import DEFAULT_BACKBONE
+    from service.app import create_app
+    from service.settings import Settings
+
+    tmp = tmp_path_factory.mktemp("dup-page-2f")
+    build(library, tmp / "index", build_encoder(DEFAULT_BACKBONE, frame=TWO_FRAMINGS, framing_score="best"))
+    settings = Settings(index_dir=tmp / "index", images_root=library, index_poll_s=0.2, torch_threads=1)
+    with ServerThread(create_app(settings)) as srv:
+        ids = {im["path"]: im["id"] for im in _get(f"{srv.url}/v1/images?limit=100", "")["images"]}
+        yield srv.url, ids
+
+
+@pytest.mark.heavy  # its own two-framing index and self-join: 16 s here (load 7.6), 36 s run alone
+def test_a_two_framing_comparison_draws_only_the_centre_crop_tokens(browser, server_two_framings, tmp_path):
+    """On a two-framing index a pair is scored on the centre crop (``regis.duplicates.report.explain_pair``:
+    ``explanation.framing`` "crop", the whole image's tokens contribute 0): the side-by-side comparison draws a box
+    for the crop framing's tokens only, each where the explanation puts it, and says so in words."""
+    url, ids = server_two_framings
+    cat, edited = ids["cat.jpg"], ids["cat-edited.jpg"]
+    page = browser.new_page(viewport={"width": 1200, "height": 1100})
+    try:
+        page.goto(f"{url}/duplicates")
+        page.wait_for_selector(f'#groups .card[data-id="{edited}"] button.cmp', timeout=180_000)
+        index = int(_card(page, edited).locator("xpath=ancestor::section").get_attribute("data-group"))
+        _card(page, edited).locator("button.cmp").click()
+        page.wait_for_selector("#compare[open]")
+        page.wait_for_function("document.getElementById('aImg').naturalWidth > 0 && "
+                               "document.getElementById('bImg').naturalWidth > 0")
+        page.click("#tokensBtn")
+        page.wait_for_function("document.querySelectorAll('#aSvg rect').length > 0")
+
+        # what the page was given: the pair's explanation, as the API answers it
+        query = "&".join(f"relation={r}" for r in ("exact", "edited_copy", "crop", "same_scene"))
+        group = _get(f"{url}/v1/duplicates?offset={index}&limit=1&explain=true&{query}", "")["groups"][0]
+        pair = next(p for p in group["pairs"] + group["related"] if {p["a"], p["b"]} == {cat, edited})
+        ex = pair["explanation"]
+        assert ex["framing"] == "crop" and len(ex["a_tokens"]) == 20
+        per = len(ex["a_tokens"]) // 2  # the crop framing's tokens: the first half
+        boxed = [m for m in ex["a_to_b"]["matches"] if ex["a_tokens"][m["query_token"]]["box"] and m["result_box"]]
+        crop = [m for m in boxed if m["query_token"] < per]
+        assert crop and len(crop) < len(boxed)  # both framings have boxed tokens: the whole image's are left out
+
+        def drawn(svg: str) -> list[float]:  # every drawn box's x, y, width, height, one after the other
+            return page.evaluate(f"[...document.querySelectorAll('#{svg} rect')].flatMap(r => "
+                                 "['x', 'y', 'width', 'height'].map(k => Number(r.getAttribute(k))))")
+
+        def rects(boxes: list[list[float]]) -> list[float]:
+            return [v for b in boxes for v in (b[0], b[1], b[2] - b[0], b[3] - b[1])]
+
+        assert page.locator("#aSvg rect").count() == len(crop) == page.locator("#bSvg rect").count()
+        assert drawn("aSvg") == pytest.approx(rects([ex["a_tokens"][m["query_token"]]["box"] for m in crop]))
+        assert drawn("bSvg") == pytest.approx(rects([m["result_box"] for m in crop]))
+        assert "compared on the centre crop" in page.inner_text("#cmpFraming")
+        _screenshot(page.locator("#compare"), tmp_path / "duplicates-compare-two-framings.png")
     finally:
         page.close()
