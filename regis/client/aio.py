@@ -8,32 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import httpx
 
+from regis.api import schemas
 from regis.api.explain import PairExplanation
-from regis.api.schemas import (
-    BatchSearchResponse,
-    CollectionInfo,
-    CollectionList,
-    DeleteResponse,
-    Health,
-    ImageInfo,
-    ImageList,
-    ImageRow,
-    JobList,
-    MetadataPatchResponse,
-    Readiness,
-    SearchResponse,
-    UploadResponse,
-)
-from regis.client.calls import (
-    Call,
-    Filter,
-    ImageInput,
-    RetryPolicy,
-    Routes,
-    auth_headers,
-    raise_for_error,
-    with_id_after,
-)
+from regis.client import calls
+from regis.client.calls import Filter, ImageInput
 from regis.client.sync import FINISHED
 from regis.jobs.model import JobInfo
 
@@ -59,10 +37,10 @@ class AsyncClient:
                  collection: str | None = None, timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
                  max_backoff_s: float = 8.0, transport: httpx.AsyncBaseTransport | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
-        self.routes = Routes(collection)
-        self.retry = RetryPolicy(retries, backoff_s, max_backoff_s)
+        self.routes = calls.Routes(collection)
+        self.retry = calls.RetryPolicy(retries, backoff_s, max_backoff_s)
         self.sleep = sleep
-        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
+        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=calls.auth_headers(api_key),
                                       timeout=timeout_s, transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
@@ -75,7 +53,7 @@ class AsyncClient:
         """Close the connection pool."""
         await self.http.aclose()
 
-    async def _run(self, call: Call):
+    async def _run(self, call: calls.Call):
         attempt = 0
         while True:
             response = await self.http.request(call.method, call.path, **call.request_kwargs())
@@ -84,13 +62,13 @@ class AsyncClient:
                 break
             await self.sleep(delay)
             attempt += 1
-        raise_for_error(response)
+        calls.raise_for_error(response)
         return call.read(response)
 
     async def search(self, image: ImageInput, k: int | None = None, *, depth: int | None = None,
                      mode: str | None = None, filter: Filter = None, offset: int = 0,
                      score_threshold: float | None = None, explain: bool = False,
-                     collection: str | None = None) -> SearchResponse:
+                     collection: str | None = None) -> schemas.SearchResponse:
         """``Client.search``."""
         return await self._run(self.routes.search(image, k, depth, mode, filter, offset, score_threshold, explain,
                                                   collection))
@@ -98,7 +76,7 @@ class AsyncClient:
     async def search_batch(self, images: Sequence[ImageInput], k: int | None = None, *, depth: int | None = None,
                            mode: str | None = None, filter: Filter = None, offset: int = 0,
                            score_threshold: float | None = None, explain: bool = False,
-                           collection: str | None = None) -> BatchSearchResponse:
+                           collection: str | None = None) -> schemas.BatchSearchResponse:
         """``Client.search_batch``."""
         return await self._run(self.routes.search_batch(images, k, depth, mode, filter, offset, score_threshold,
                                                         explain, collection))
@@ -106,7 +84,7 @@ class AsyncClient:
     async def similar(self, image_id: int, k: int | None = None, *, depth: int | None = None,
                       mode: str | None = None, filter: Filter = None, offset: int = 0,
                       score_threshold: float | None = None, explain: bool = False,
-                      collection: str | None = None) -> SearchResponse:
+                      collection: str | None = None) -> schemas.SearchResponse:
         """``Client.similar``."""
         return await self._run(self.routes.similar(image_id, k, depth, mode, filter, offset, score_threshold,
                                                    explain, collection))
@@ -115,7 +93,7 @@ class AsyncClient:
         """``Client.explain``."""
         return await self._run(self.routes.explain(image, image_id, collection))
 
-    async def image(self, image_id: int, *, collection: str | None = None) -> ImageInfo:
+    async def image(self, image_id: int, *, collection: str | None = None) -> schemas.ImageInfo:
         """``Client.image``."""
         return await self._run(self.routes.image(image_id, collection))
 
@@ -129,12 +107,12 @@ class AsyncClient:
         return await self._run(self.routes.thumbnail(image_id, size, format, collection))
 
     async def images(self, filter: Filter = None, limit: int | None = None, offset: int = 0, *,
-                     collection: str | None = None) -> ImageList:
+                     collection: str | None = None) -> schemas.ImageList:
         """``Client.images``."""
         return await self._run(self.routes.images(filter, limit, offset, collection))
 
     async def iter_images(self, filter: Filter = None, page_size: int = 500, *,
-                          collection: str | None = None) -> AsyncIterator[ImageRow]:
+                          collection: str | None = None) -> AsyncIterator[schemas.ImageRow]:
         """``Client.iter_images``, as an async iterator (``async for row in regis.iter_images(...)``)."""
         page = await self.images(filter, page_size, collection=collection)
         while page.images:
@@ -142,20 +120,20 @@ class AsyncClient:
                 yield row
             if len(page.images) < page_size:
                 return
-            page = await self.images(with_id_after(filter, page.images[-1].id), page_size, collection=collection)
+            page = await self.images(calls.with_id_after(filter, page.images[-1].id), page_size, collection=collection)
 
     async def update_metadata(self, image_id: int, metadata: dict, *, replace: bool = False,
-                              wait: bool | None = None, collection: str | None = None) -> MetadataPatchResponse:
+                              wait: bool | None = None, collection: str | None = None) -> schemas.MetadataPatchResponse:
         """``Client.update_metadata``."""
         return await self._run(self.routes.update_metadata(image_id, metadata, replace, wait, collection))
 
     async def upload(self, images: Sequence[ImageInput], metadata: dict | list[dict] | None = None, *,
-                     wait: bool | None = None, collection: str | None = None) -> UploadResponse:
+                     wait: bool | None = None, collection: str | None = None) -> schemas.UploadResponse:
         """``Client.upload``."""
         return await self._run(self.routes.upload(images, metadata, wait, collection))
 
     async def delete_image(self, image_id: int, *, wait: bool | None = None,
-                           collection: str | None = None) -> DeleteResponse:
+                           collection: str | None = None) -> schemas.DeleteResponse:
         """``Client.delete_image``."""
         return await self._run(self.routes.delete_image(image_id, wait, collection))
 
@@ -167,7 +145,7 @@ class AsyncClient:
         """``Client.job``."""
         return await self._run(self.routes.job(job_id, collection))
 
-    async def jobs(self, limit: int | None = None, *, collection: str | None = None) -> JobList:
+    async def jobs(self, limit: int | None = None, *, collection: str | None = None) -> schemas.JobList:
         """``Client.jobs``."""
         return await self._run(self.routes.jobs(limit, collection))
 
@@ -187,16 +165,16 @@ class AsyncClient:
                 raise TimeoutError(f"job {job_id} is still {info.state} after {timeout_s:.0f} s")
             await self.sleep(poll_s)
 
-    async def collections(self) -> CollectionList:
+    async def collections(self) -> schemas.CollectionList:
         """``Client.collections``."""
         return await self._run(self.routes.collections())
 
-    async def collection_info(self, name: str) -> CollectionInfo:
+    async def collection_info(self, name: str) -> schemas.CollectionInfo:
         """``Client.collection_info``."""
         return await self._run(self.routes.collection_info(name))
 
     async def create_collection(self, name: str, backbone: str | None = None, *, random_init: bool = False,
-                                description: str = "") -> CollectionInfo:
+                                description: str = "") -> schemas.CollectionInfo:
         """``Client.create_collection``."""
         return await self._run(self.routes.create_collection(name, backbone, random_init, description))
 
@@ -204,13 +182,13 @@ class AsyncClient:
         """``Client.delete_collection``."""
         return await self._run(self.routes.delete_collection(name))
 
-    async def health(self) -> Health:
+    async def health(self) -> schemas.Health:
         """``Client.health``."""
         return await self._run(self.routes.health())
 
-    async def ready(self) -> Readiness:
+    async def ready(self) -> schemas.Readiness:
         """``Client.ready``."""
         response = await self.http.get("/readyz")
         if response.status_code not in (200, 503):
-            raise_for_error(response)
-        return Readiness.model_validate(response.json())
+            calls.raise_for_error(response)
+        return schemas.Readiness.model_validate(response.json())

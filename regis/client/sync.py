@@ -7,32 +7,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 import httpx
 
+from regis.api import schemas
 from regis.api.explain import PairExplanation
-from regis.api.schemas import (
-    BatchSearchResponse,
-    CollectionInfo,
-    CollectionList,
-    DeleteResponse,
-    Health,
-    ImageInfo,
-    ImageList,
-    ImageRow,
-    JobList,
-    MetadataPatchResponse,
-    Readiness,
-    SearchResponse,
-    UploadResponse,
-)
-from regis.client.calls import (
-    Call,
-    Filter,
-    ImageInput,
-    RetryPolicy,
-    Routes,
-    auth_headers,
-    raise_for_error,
-    with_id_after,
-)
+from regis.client import calls
+from regis.client.calls import Filter, ImageInput
 from regis.jobs.model import JobInfo
 
 FINISHED = ("done", "failed")
@@ -72,10 +50,10 @@ class Client:
                  collection: str | None = None, timeout_s: float = 60.0, retries: int = 3, backoff_s: float = 0.5,
                  max_backoff_s: float = 8.0, transport: httpx.BaseTransport | None = None,
                  sleep: Callable[[float], None] = time.sleep):
-        self.routes = Routes(collection)
-        self.retry = RetryPolicy(retries, backoff_s, max_backoff_s)
+        self.routes = calls.Routes(collection)
+        self.retry = calls.RetryPolicy(retries, backoff_s, max_backoff_s)
         self.sleep = sleep
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(api_key), timeout=timeout_s,
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=calls.auth_headers(api_key), timeout=timeout_s,
                                  transport=transport)
 
     def __enter__(self) -> Client:
@@ -88,7 +66,7 @@ class Client:
         """Close the connection pool."""
         self.http.close()
 
-    def _run(self, call: Call):
+    def _run(self, call: calls.Call):
         """Send ``call``, retrying 503s (``RetryPolicy``); its result, or the error answer's exception."""
         attempt = 0
         while True:
@@ -98,13 +76,13 @@ class Client:
                 break
             self.sleep(delay)
             attempt += 1
-        raise_for_error(response)
+        calls.raise_for_error(response)
         return call.read(response)
 
     # ------------------------------------------------------------------ search
     def search(self, image: ImageInput, k: int | None = None, *, depth: int | None = None, mode: str | None = None,
                filter: Filter = None, offset: int = 0, score_threshold: float | None = None, explain: bool = False,
-               collection: str | None = None) -> SearchResponse:
+               collection: str | None = None) -> schemas.SearchResponse:
         """Search by image: ``POST /v1/search``.
 
         Args:
@@ -126,7 +104,7 @@ class Client:
     def search_batch(self, images: Sequence[ImageInput], k: int | None = None, *, depth: int | None = None,
                      mode: str | None = None, filter: Filter = None, offset: int = 0,
                      score_threshold: float | None = None, explain: bool = False,
-                     collection: str | None = None) -> BatchSearchResponse:
+                     collection: str | None = None) -> schemas.BatchSearchResponse:
         """Search by several images at once (one encoder pass): ``POST /v1/search/batch``; ``results[i]`` answers
         ``images[i]``. Arguments as ``search``."""
         return self._run(self.routes.search_batch(images, k, depth, mode, filter, offset, score_threshold, explain,
@@ -134,7 +112,7 @@ class Client:
 
     def similar(self, image_id: int, k: int | None = None, *, depth: int | None = None, mode: str | None = None,
                 filter: Filter = None, offset: int = 0, score_threshold: float | None = None, explain: bool = False,
-                collection: str | None = None) -> SearchResponse:
+                collection: str | None = None) -> schemas.SearchResponse:
         """"More like this": search by an indexed image's id (its stored tokens),
         ``GET /v1/images/{id}/similar``. Arguments as ``search``.
 
@@ -149,7 +127,7 @@ class Client:
         return self._run(self.routes.explain(image, image_id, collection))
 
     # ------------------------------------------------------------------ images
-    def image(self, image_id: int, *, collection: str | None = None) -> ImageInfo:
+    def image(self, image_id: int, *, collection: str | None = None) -> schemas.ImageInfo:
         """An indexed image's row (path, sha256, size, metadata): ``GET /v1/images/{id}``."""
         return self._run(self.routes.image(image_id, collection))
 
@@ -164,13 +142,13 @@ class Client:
         return self._run(self.routes.thumbnail(image_id, size, format, collection))
 
     def images(self, filter: Filter = None, limit: int | None = None, offset: int = 0, *,
-               collection: str | None = None) -> ImageList:
+               collection: str | None = None) -> schemas.ImageList:
         """A page of the indexed images in id order (``total`` counts all that match ``filter``):
         ``GET /v1/images``."""
         return self._run(self.routes.images(filter, limit, offset, collection))
 
     def iter_images(self, filter: Filter = None, page_size: int = 500, *,
-                    collection: str | None = None) -> Iterator[ImageRow]:
+                    collection: str | None = None) -> Iterator[schemas.ImageRow]:
         """Every indexed image matching ``filter``, in id order, fetched ``page_size`` at a time (paged by id, so
         a listing of any length works while images are added).
 
@@ -181,23 +159,23 @@ class Client:
             yield from page.images
             if len(page.images) < page_size:
                 return
-            page = self.images(with_id_after(filter, page.images[-1].id), page_size, collection=collection)
+            page = self.images(calls.with_id_after(filter, page.images[-1].id), page_size, collection=collection)
 
     def update_metadata(self, image_id: int, metadata: dict, *, replace: bool = False, wait: bool | None = None,
-                        collection: str | None = None) -> MetadataPatchResponse:
+                        collection: str | None = None) -> schemas.MetadataPatchResponse:
         """Change an image's metadata: a JSON merge patch ({"album": "trip", "old": None} sets one key and removes
         another), or the whole object with ``replace``: ``PATCH /v1/images/{id}`` (a write key)."""
         return self._run(self.routes.update_metadata(image_id, metadata, replace, wait, collection))
 
     def upload(self, images: Sequence[ImageInput], metadata: dict | list[dict] | None = None, *,
-               wait: bool | None = None, collection: str | None = None) -> UploadResponse:
+               wait: bool | None = None, collection: str | None = None) -> schemas.UploadResponse:
         """Add images (the same bytes again are the same image): ``POST /v1/images`` (a write key, a service
         with jobs). ``metadata``: one object for every image, or a list with one per image. ``state`` is "done"
         once they answer searches, else the job is still running (``wait_for_job(response.job_id)``)."""
         return self._run(self.routes.upload(images, metadata, wait, collection))
 
     def delete_image(self, image_id: int, *, wait: bool | None = None,
-                     collection: str | None = None) -> DeleteResponse:
+                     collection: str | None = None) -> schemas.DeleteResponse:
         """Remove an image from the index: ``DELETE /v1/images/{id}`` (a write key)."""
         return self._run(self.routes.delete_image(image_id, wait, collection))
 
@@ -211,7 +189,7 @@ class Client:
         """A job's state, progress, result or error: ``GET /v1/jobs/{id}``."""
         return self._run(self.routes.job(job_id, collection))
 
-    def jobs(self, limit: int | None = None, *, collection: str | None = None) -> JobList:
+    def jobs(self, limit: int | None = None, *, collection: str | None = None) -> schemas.JobList:
         """Recent jobs, newest first: ``GET /v1/jobs``."""
         return self._run(self.routes.jobs(limit, collection))
 
@@ -232,16 +210,16 @@ class Client:
             self.sleep(poll_s)
 
     # ------------------------------------------------------------------ collections and health
-    def collections(self) -> CollectionList:
+    def collections(self) -> schemas.CollectionList:
         """Every collection (name, images, index version, backbone): ``GET /v1/collections``."""
         return self._run(self.routes.collections())
 
-    def collection_info(self, name: str) -> CollectionInfo:
+    def collection_info(self, name: str) -> schemas.CollectionInfo:
         """One collection: ``GET /v1/collections/{name}``."""
         return self._run(self.routes.collection_info(name))
 
     def create_collection(self, name: str, backbone: str | None = None, *, random_init: bool = False,
-                          description: str = "") -> CollectionInfo:
+                          description: str = "") -> schemas.CollectionInfo:
         """Create an empty collection embedding with ``backbone`` (default efficientnet-lite0):
         ``POST /v1/collections`` (a write key)."""
         return self._run(self.routes.create_collection(name, backbone, random_init, description))
@@ -250,13 +228,13 @@ class Client:
         """Delete a collection and its index: ``DELETE /v1/collections/{name}`` (a write key)."""
         return self._run(self.routes.delete_collection(name))
 
-    def health(self) -> Health:
+    def health(self) -> schemas.Health:
         """Liveness: ``GET /healthz``."""
         return self._run(self.routes.health())
 
-    def ready(self) -> Readiness:
+    def ready(self) -> schemas.Readiness:
         """Readiness, with what is missing: ``GET /readyz`` (503 answers are returned, not raised)."""
         response = self.http.get("/readyz")
         if response.status_code not in (200, 503):
-            raise_for_error(response)
-        return Readiness.model_validate(response.json())
+            calls.raise_for_error(response)
+        return schemas.Readiness.model_validate(response.json())
