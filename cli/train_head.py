@@ -28,7 +28,7 @@ def _corpus(corpus: Path | None, cache: Path) -> Path:
 
 
 def _instances(encoder, corpus: Path, cache: Path, split: str, seed: int, views: int, regions: int,
-               progress: bool):
+               progress: bool, tail_stages: int = 0):
     """The split's instance cache: its scene photos (seed ``10 seed``) then its object photos (``10 seed + 1``),
     each built once and kept in ``cache/features`` (resumable: a partial file keeps the work done)."""
     from regis.data.debian_photos import read_corpus
@@ -39,12 +39,14 @@ def _instances(encoder, corpus: Path, cache: Path, split: str, seed: int, views:
     parts = []
     for i, kind in enumerate(("scene", "object")):
         name = f"instances-{split}-{kind}-s{10 * seed + i}-v{views}-r{regions}-{encoder_key(encoder)}"
+        name += f"-pretail{tail_stages}" if tail_stages else ""
         path = cache / "features" / f"{name}.pt"
         if not path.is_file():
             photos = [(corpus / r.file, r.kind) for r in records if r.split == split and r.kind == kind]
             typer.echo(f"caching backbone tokens of {len(photos)} {split} {kind} photos -> {path}", err=True)
             part = instance_cache(encoder, photos, seed=10 * seed + i, views=views, scene_regions=regions,
-                                  object_regions=0, progress=progress, partial=path.with_suffix(".partial"))
+                                  object_regions=0, progress=progress, partial=path.with_suffix(".partial"),
+                                  tail_stages=tail_stages)
             part.save(path)
             path.with_suffix(".partial").unlink(missing_ok=True)
         parts.append(InstanceCache.load(path))
@@ -70,6 +72,13 @@ def train_head_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Batch, initialisation and cache seed.")] = 0,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
     stop_at_step: Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")] = None,
+    tail_stages: Annotated[int, typer.Option("--tail-stages", help="Also train the backbone's last N stages "
+                                             "(caches their input activations instead of the tokens; "
+                                             "training.photos.tail). 0: frozen backbone, the shipped head.")] = 0,
+    tail_lr: Annotated[float, typer.Option("--tail-lr", help="AdamW learning rate of those stages (0: they stay "
+                                           "frozen, the frozen recipe on the same caches).")] = 1e-4,
+    tail_l2sp: Annotated[float, typer.Option("--tail-l2sp", help="L2-SP weight pulling those stages towards the "
+                                             "pretrained weights (0: off).")] = 0.0,
     quiet: Quiet = False,
 ) -> None:
     """Train regis's token head (1280 -> D' per token) on the real-photo corpus: InfoNCE over MaxSim + KoLeo on
@@ -85,12 +94,18 @@ def train_head_cmd(
     cache = cache or DEFAULT_CACHE
     corpus = _corpus(corpus, cache)
     encoder = build_encoder(BASE_BACKBONE)
-    train = _instances(encoder, corpus, cache, "train", seed, views, regions, not quiet)
-    val = _instances(encoder, corpus, cache, "val", seed + 1, views, regions, not quiet)
+    train = _instances(encoder, corpus, cache, "train", seed, views, regions, not quiet, tail_stages)
+    val = _instances(encoder, corpus, cache, "val", seed + 1, views, regions, not quiet, tail_stages)
     config = HeadTrainConfig(out_dim=dim, hidden=hidden, steps=steps, batch_photos=batch_photos,
                              per_photo=per_photo, lr=lr, tau=tau, koleo_weight=koleo, seed=seed, eval_every=100,
-                             checkpoint_every=100)
-    summary = train_head(train, val, out, config, resume=resume, progress=not quiet, stop_at=stop_at_step)
+                             checkpoint_every=100, tail_stages=tail_stages, tail_lr=tail_lr, tail_l2sp=tail_l2sp)
+    tail = None
+    if tail_stages:
+        from training.photos.tail import TailReadout, cached_tail
+
+        tail = TailReadout(encoder, tail_stages, cached_tail(train.config)["grids"])
+    summary = train_head(train, val, out, config, resume=resume, progress=not quiet, stop_at=stop_at_step,
+                         tail=tail)
     typer.echo(json.dumps(summary))
 
 

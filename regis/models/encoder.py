@@ -95,7 +95,12 @@ class RegisEncoder(nn.Module):
             else:
                 grid = tuple(pe.grid_size)
             return tokens[:, :prefix], tokens[:, prefix:], (int(grid[0]), int(grid[1]))
-        fmap = self.backbone.forward_features(images)  # (B, D, h, w)
+        return self.parts_from_map(self.backbone.forward_features(images))
+
+    def parts_from_map(self, fmap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """A CNN's ``forward_parts`` from its final feature map (B, D, h, w) float: cues (B, R + 1, D), patches
+        (B, h w, D), grid (h, w). Differentiable (training a backbone's last stage reads tokens through it,
+        ``training.photos.tail``)."""
         grid = (fmap.shape[-2], fmap.shape[-1])
         patches = fmap.flatten(2).transpose(1, 2)
         cues = cnn_cues(patches, grid, self.config.num_registers, self.config.cue_method or DEFAULT_CUE_METHOD,
@@ -165,6 +170,12 @@ class RegisEncoder(nn.Module):
         Returns:
             ``forward_parts`` of the resized batch: cues (B, R + 1, D), patches (B, P', D), grid (h', w').
         """
+        small = self.roi_input(images, aspect)
+        return None if small is None else self.forward_parts(small)
+
+    def roi_input(self, images: torch.Tensor, aspect: bool | None = None) -> torch.Tensor | None:
+        """The input of the ROI pass (``forward_roi_parts``): ``images`` (B, 3, H, W) resized, (B, 3, H', W')
+        float; None when the encoder has no ROI pass."""
         size = self.config.roi_image_size
         if size is None or self.config.token_set != "cls+reg+roi":
             return None
@@ -174,8 +185,7 @@ class RegisEncoder(nn.Module):
         else:
             ratio = size / self.config.image_size
             out = (max(1, round(images.shape[-2] * ratio)), max(1, round(images.shape[-1] * ratio)))
-        small = F.interpolate(images, size=out, mode="bicubic", align_corners=False, antialias=True)
-        return self.forward_parts(small)
+        return F.interpolate(images, size=out, mode="bicubic", align_corners=False, antialias=True)
 
     def readout(self, cues: torch.Tensor, patches: torch.Tensor, grid: tuple[int, int],
                 roi_parts: tuple[torch.Tensor, torch.Tensor, tuple[int, int]] | None = None) -> torch.Tensor:

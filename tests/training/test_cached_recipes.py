@@ -67,3 +67,16 @@ def test_restrict_keeps_the_named_classes():
     assert len(part["tokens"]) == 24
     with pytest.raises(ValueError, match="no image of classes"):
         restrict(cache, [7])
+
+
+def test_the_final_head_is_scored_when_steps_is_no_multiple_of_val_every():
+    cache = _cache()
+    start = start_head(cache, out_dim=8)
+    # the validation prefers the head farthest from the start: the last one (step 25), which the curve must hold
+    head, log = train_triplet(cache, steps=25, triplets=8, out_dim=8, lr=1e-2,
+                              val=lambda h: _distance(h, start), val_every=10)
+    assert [p["step"] for p in log[0]["val_curve"]] == [0, 10, 20, 25]
+    assert log[0]["best_step"] == 25
+    # a multiple of val_every is scored once, not twice
+    _, log = train_triplet(cache, steps=20, triplets=8, out_dim=8, lr=1e-2, val=lambda h: 0.0, val_every=10)
+    assert [p["step"] for p in log[0]["val_curve"]] == [0, 10, 20]

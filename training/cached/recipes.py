@@ -82,9 +82,9 @@ class _Keeper:
         return self.anchor * sum(((p - p0) ** 2).sum() for p, p0 in zip(head.parameters(), self.start.parameters(),
                                                                           strict=True))
 
-    def check(self, head: TokenHead, step: int) -> None:
-        """Score ``head`` after ``step`` steps when a validation is due; keep the best state."""
-        if self.val is None or step % self.val_every:
+    def check(self, head: TokenHead, step: int, force: bool = False) -> None:
+        """Score ``head`` after ``step`` steps when a validation is due (or ``force``); keep the best state."""
+        if self.val is None or (step % self.val_every and not force):
             return
         head.eval()
         score = float(self.val(head))
@@ -94,7 +94,10 @@ class _Keeper:
             self.best = (score, step, copy.deepcopy(head.state_dict()))
 
     def finish(self, head: TokenHead, log: list, t0: float, steps: int) -> tuple[TokenHead, list]:
-        self.check(head, steps)
+        """Score the final head (also when ``steps`` is no multiple of ``val_every``; once), restore the best
+        one, and summarise the run."""
+        if self.val is not None and (not self.curve or self.curve[-1]["step"] != steps):
+            self.check(head, steps, force=True)
         summary = {"steps": steps, "seconds": round(time.perf_counter() - t0, 1),
                    "loss_first_100": float(np.mean(log[:100])), "loss_last_100": float(np.mean(log[-100:]))}
         if self.best is not None:

@@ -3,7 +3,8 @@
 The head is per token (``regis.models.head``), so what it needs from an image is the untrained encoder's query
 tokens before any projection: ``RegisEncoder.query_readout``'s (m, F) unit-norm tokens (for EfficientNet-Lite0:
 the 10 index tokens, then the 5 cues of the 160 px pass; F = 1280), the first T of which are the index's tokens.
-Stored as float16.
+Stored as float16. With ``tail_stages`` S > 0 it holds instead the activations at the input of the backbone's last
+S stages, (P, C) per image (``training.photos.tail``: training then runs those stages too).
 
 ``instance_cache`` builds the training cache of a split: per photo the whole photo and random regions
 (instances); per instance its clean image (what an index holds) and ``views`` strong edits of it
@@ -31,13 +32,20 @@ PARTIAL_EVERY = 10
 
 
 @torch.inference_mode()
-def encode_tokens(encoder: RegisEncoder, images: list[Image.Image], batch: int = 16) -> torch.Tensor:
+def encode_tokens(encoder: RegisEncoder, images: list[Image.Image], batch: int = 16,
+                  tail_stages: int = 0) -> torch.Tensor:
     """(n, m, F) float16 unit-norm query tokens of ``images`` (``RegisEncoder.query_readout``; m = the encoder's
-    ``query_tokens_per_image``), through the encoder's evaluation transform."""
+    ``query_tokens_per_image``), through the encoder's evaluation transform; ``tail_stages`` S > 0: (n, P, C)
+    float16 activations at the input of the last S stages instead (``training.photos.tail.pre_tail``)."""
+    from training.photos.tail import pre_tail
+
     tf = eval_transform(encoder.config)
     out = []
     for i in range(0, len(images), batch):
         x = torch.stack([tf(im) for im in images[i : i + batch]])
+        if tail_stages:
+            out.append(pre_tail(encoder, x, tail_stages)[0].to(torch.float16))
+            continue
         out.append(encoder.forward_with_buddies(x, query=True)[0].to(torch.float16))
     if not out:
         m = encoder.config.query_tokens_per_image
@@ -103,7 +111,8 @@ def instance_boxes(w: int, h: int, kind: str, rng: np.random.Generator, scene_re
 
 def instance_cache(encoder: RegisEncoder, photos: list[tuple[Path, str]], seed: int = 0, views: int = 4,
                    scene_regions: int = 4, object_regions: int = 0, progress: bool = True,
-                   max_side: int = REGION_MAX_SIDE, partial: Path | None = None) -> InstanceCache:
+                   max_side: int = REGION_MAX_SIDE, partial: Path | None = None,
+                   tail_stages: int = 0) -> InstanceCache:
     """Build the instance cache of ``photos`` [(file, "scene" | "object")] (module docstring).
 
     Args:
@@ -115,6 +124,8 @@ def instance_cache(encoder: RegisEncoder, photos: list[tuple[Path, str]], seed: 
             sees 224 px; editing 1,024 px regions costs more than the backbone on a shared CPU).
         partial: a file that keeps the work done every ``PARTIAL_EVERY`` photos; an interrupted run given the
             same file continues where it stopped, with the same draws.
+        tail_stages: S > 0 caches the activations at the input of the backbone's last S stages instead of the
+            tokens (module docstring); the regions and edits drawn are the same as with S = 0.
     """
     from tqdm import tqdm
 
@@ -138,7 +149,7 @@ def instance_cache(encoder: RegisEncoder, photos: list[tuple[Path, str]], seed: 
             f = min(1.0, max_side / max(region.size))
             small = edits.scale(region, f, min_side=8) if f < 1 else region
             edited = [edits.train_edit(small, rng) for _ in range(views)]
-            tokens = encode_tokens(encoder, [small] + [e[0] for e in edited])
+            tokens = encode_tokens(encoder, [small] + [e[0] for e in edited], tail_stages=tail_stages)
             clean.append(tokens[0])
             view_tok.append(tokens[1:])
             photo_idx.append(pi)
@@ -147,15 +158,21 @@ def instance_cache(encoder: RegisEncoder, photos: list[tuple[Path, str]], seed: 
                            for _, b in edited])
         if partial is not None and ((pi + 1) % PARTIAL_EVERY == 0 or pi + 1 == len(photos)):
             tmp = Path(partial).with_suffix(".tmp")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"clean": clean, "views": view_tok, "photo": photo_idx, "box": boxes, "view_box": vboxes,
                         "photos": names, "rng": rng.bit_generator.state, "done": pi + 1,
                         "seconds": spent + time.perf_counter() - t0}, tmp)
             tmp.replace(partial)
+    config = {"seed": seed, "views": views, "scene_regions": scene_regions, "object_regions": object_regions,
+              "encoder": encoder.config.model_dump(), "weights": encoder.weights_info.sha256,
+              "max_side": max_side, "seconds": round(spent + time.perf_counter() - t0, 1)}
+    if tail_stages:  # absent otherwise: a token cache's config (and the head file's metadata) is unchanged
+        from training.photos.tail import pre_tail
+
+        probe = torch.zeros(1, 3, encoder.config.image_size, encoder.config.image_size)
+        config["tail"] = {"stages": tail_stages, "grids": pre_tail(encoder, probe, tail_stages)[1]}
     return InstanceCache(
         clean=torch.stack(clean), views=torch.stack(view_tok), photo=torch.tensor(photo_idx),
         box=torch.tensor(boxes, dtype=torch.float32), view_box=torch.tensor(vboxes, dtype=torch.float32),
-        photos=names,
-        config={"seed": seed, "views": views, "scene_regions": scene_regions, "object_regions": object_regions,
-                "encoder": encoder.config.model_dump(), "weights": encoder.weights_info.sha256,
-                "max_side": max_side, "seconds": round(spent + time.perf_counter() - t0, 1)},
+        photos=names, config=config,
     )

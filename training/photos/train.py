@@ -6,6 +6,12 @@ views are the queries (all m tokens), the instances' clean images the gallery (t
 head and L2-normalised; the loss is ``training.photos.loss.head_loss`` (InfoNCE over MaxSim + KoLeo). AdamW,
 timm's cosine schedule with warm-up, timm's EMA of the head's weights (what is saved and evaluated).
 
+With ``tail_stages`` S > 0 (issue 22's "then try unfreezing the last stage(s)") the caches hold the activations
+at the input of the backbone's last S stages (``training.photos.tail``) and those stages train with the head
+(``TailHead``; AdamW at ``tail_lr``, no weight decay, optionally L2-SP towards the pretrained weights with weight
+``tail_l2sp``; the EMA covers both); ``tail_lr`` 0 keeps them frozen: the caches are read through them once and
+the run is exactly the frozen recipe on those tokens (the comparison's other arm).
+
 The head starts as the PCA projection of the training tokens (``pca_init``). Every ``eval_every`` steps the EMA
 head is scored on the validation split's cached instances (``val_recall``): each edited view against every clean
 instance, Recall@1, a right answer being its own instance or another region of its photo that shows it.
@@ -32,6 +38,7 @@ from regis.models.head import TokenHead, file_sha256, save_head
 from regis.models.weights import HEAD_RUN_FILE as HEAD_FILE
 from training.photos.features import InstanceCache
 from training.photos.loss import head_loss
+from training.photos.tail import TailHead, TailReadout, cached_tail, tail_tokens
 
 
 class HeadTrainConfig(BaseModel):
@@ -45,6 +52,8 @@ class HeadTrainConfig(BaseModel):
         tau: InfoNCE temperature; koleo_weight: lambda of KoLeo (0: off).
         seed: batch sampling and initialisation seed.
         eval_every, log_every, checkpoint_every: [steps].
+        tail_stages, tail_lr, tail_l2sp: the backbone's last stages trained with the head (module docstring);
+            recorded only when ``tail_stages`` > 0 (``record``), so that a frozen run's files are unchanged.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -65,6 +74,14 @@ class HeadTrainConfig(BaseModel):
     eval_every: int = Field(250, ge=0)
     log_every: int = Field(50, ge=1)
     checkpoint_every: int = Field(500, ge=1)
+    tail_stages: int = Field(0, ge=0)
+    tail_lr: float = Field(1e-4, ge=0)
+    tail_l2sp: float = Field(0.0, ge=0)
+
+    def record(self) -> dict:
+        """What ``config.json`` and the head file's metadata hold: the fields, less the tail's when there is
+        none."""
+        return self.model_dump(exclude={"tail_stages", "tail_lr", "tail_l2sp"} if not self.tail_stages else None)
 
 
 def pca_init(head: TokenHead, tokens: torch.Tensor) -> None:
@@ -99,14 +116,23 @@ def positives(cache: InstanceCache, views_of: torch.Tensor, view_idx: torch.Tens
     return shows | (views_of[:, None] == gallery_of[None, :])
 
 
+def gallery(head: TokenHead | TailHead | None, clean: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The gallery side: ``project`` of the first ``tokens`` tokens of cached clean images (B, m, F); with a
+    ``TailHead``, of cached activations (B, P, C), whose tokens are read first."""
+    if isinstance(head, TailHead):
+        return project(head, clean)[:, :tokens]
+    return project(head, clean[:, :tokens])
+
+
 @torch.no_grad()
-def val_recall(head: TokenHead | None, cache: InstanceCache, tokens: int = 10, chunk: int = 256) -> float:
+def val_recall(head: TokenHead | TailHead | None, cache: InstanceCache, tokens: int = 10, chunk: int = 256
+               ) -> float:
     """Recall@1 of every cached view against every clean instance of ``cache`` (module docstring); the gallery
     keeps its first ``tokens`` tokens, the views all of theirs."""
     from training.photos.loss import maxsim_matrix
 
     n, v = cache.views.shape[:2]
-    g = project(head, cache.clean[:, :tokens])
+    g = gallery(head, cache.clean, tokens)
     inst = torch.arange(n).repeat_interleave(v)
     vidx = torch.arange(v).repeat(n)
     hits = []
@@ -138,7 +164,8 @@ class BatchSampler:
 
 
 def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, config: HeadTrainConfig,
-               resume: bool = False, progress: bool = True, tokens: int = 10, stop_at: int | None = None) -> dict:
+               resume: bool = False, progress: bool = True, tokens: int = 10, stop_at: int | None = None,
+               tail: TailReadout | None = None) -> dict:
     """Train (or with ``resume`` continue) a head on cached tokens; writes the run directory (module docstring).
 
     Args:
@@ -146,12 +173,15 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         out: the run directory.
         tokens: T, the gallery's tokens (the first T of each cached clean image; the views keep all m).
         stop_at: checkpoint and return at this step (``resume`` continues from there).
+        tail: the backbone's last ``config.tail_stages`` stages (``training.photos.tail.TailReadout``), when the
+            caches hold pre-tail activations (module docstring).
 
     Returns:
         The summary: steps, seconds, final and best validation Recall@1, the head file's SHA-256.
 
     Raises:
-        ConfigError: ``resume`` without a checkpoint, or with another config than the saved one.
+        ConfigError: ``resume`` without a checkpoint, or with another config than the saved one; ``tail`` and
+            ``config.tail_stages`` or the caches disagree.
     """
     from timm.scheduler import CosineLRScheduler
     from timm.utils import ModelEmaV3
@@ -159,9 +189,21 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _check_tail(train, val, config, tail)
+    start = None  # the pretrained tail's parameters (L2-SP)
+    if tail is not None:
+        frozen = tail_tokens(train, tail)  # the PCA start of both arms
+        if not config.tail_lr:  # the frozen arm: today's recipe on the tokens the tail gives
+            train, val, tail = frozen, (tail_tokens(val, tail) if val is not None else None), None
     torch.manual_seed(config.seed)
-    head = TokenHead(train.clean.shape[-1], config.out_dim, config.hidden)
-    opt = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    head = TokenHead(tail.readout.config.dim if tail else train.clean.shape[-1], config.out_dim, config.hidden)
+    groups = [{"params": list(head.parameters()), "lr": config.lr, "weight_decay": config.weight_decay}]
+    if tail is not None:
+        tail.requires_grad_(True)
+        groups.append({"params": list(tail.parameters()), "lr": config.tail_lr, "weight_decay": 0.0})
+        start = [q.detach().clone() for q in tail.parameters()]
+        head = TailHead(tail, head)
+    opt = torch.optim.AdamW(groups)
     sched = CosineLRScheduler(opt, t_initial=config.steps, lr_min=config.lr * config.min_lr_ratio,
                               warmup_t=config.warmup_steps, warmup_lr_init=config.lr * 0.01, t_in_epochs=True)
     sampler = BatchSampler(train, config.batch_photos, config.per_photo, config.seed)
@@ -171,7 +213,7 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         if not ckpt.is_file():
             raise ConfigError(f"nothing to resume in {out}: no checkpoint.pt")
         saved = json.loads((out / "config.json").read_text())
-        if saved != config.model_dump():
+        if saved != config.record():
             raise ConfigError(f"{out} was started with another configuration: {saved}")
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         head.load_state_dict(state["head"])
@@ -182,12 +224,15 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         torch.set_rng_state(state["torch_rng"])
         step, t_used = state["step"], state["seconds"]
     else:
-        pca_init(head, torch.cat([train.clean[:, :tokens].flatten(0, 1), train.views.flatten(0, 2)])[::7])
+        pcs = frozen if tail is not None else train
+        pca_init(head.head if tail is not None else head,
+                 torch.cat([pcs.clean[:, :tokens].flatten(0, 1), pcs.views.flatten(0, 2)])[::7])
         ema = ModelEmaV3(head, decay=config.ema_decay)
-        (out / "config.json").write_text(json.dumps(config.model_dump(), indent=2) + "\n")
+        (out / "config.json").write_text(json.dumps(config.record(), indent=2) + "\n")
         (out / "metrics.jsonl").write_text("")
         if val is not None:
-            _log(out, {"step": 0, "val_r1_untrained": val_recall(None, val, tokens),
+            untrained = tail_tokens(val, tail) if tail is not None else val  # the frozen encoder's tokens
+            _log(out, {"step": 0, "val_r1_untrained": val_recall(None, untrained, tokens),
                        "val_r1": val_recall(ema.module, val, tokens)})
     log = []
     t0 = time.perf_counter() - t_used
@@ -197,10 +242,14 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         sched.step(step)
         inst, view = sampler()
         q = project(head, train.views[inst, view])
-        g = project(head, train.clean[inst, :tokens])
+        g = gallery(head, train.clean[inst], tokens)
         pos = positives(train, inst, view, inst)
         ignore = pos & ~torch.eye(len(inst), dtype=torch.bool)
         loss, parts = head_loss(q, g, config.tau, config.koleo_weight, ignore)
+        if start is not None and config.tail_l2sp:
+            l2sp = sum(((w - w0) ** 2).sum() for w, w0 in zip(tail.parameters(), start, strict=True))
+            loss = loss + config.tail_l2sp * l2sp
+            parts["l2sp"] = float(l2sp.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -225,8 +274,14 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         return {"steps": step, "seconds": round(seconds, 1), "stopped": True}
     # the file's metadata holds what decides the weights and nothing that varies between runs (no timings), so
     # a rerun writes a file with the same SHA-256
-    sha = save_head(ema.module, out / HEAD_FILE, extra={"config": config.model_dump(), "steps": step,
-                                                         "train_cache": without_timings(train.config)})
+    final = ema.module.head if tail is not None else ema.module
+    sha = save_head(final, out / HEAD_FILE, extra={"config": config.record(), "steps": step,
+                                                    "train_cache": without_timings(train.config)})
+    if tail is not None:  # the trained tail (not loadable by regis's encoders yet: an experiment's output)
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in ema.module.tail.tail.state_dict().items()},
+                  str(out / "tail.safetensors"))
     vals = [r["val_r1"] for r in read_metrics(out) if "val_r1" in r]
     summary = {"steps": step, "seconds": round(seconds, 1), "val_r1_final": vals[-1] if vals else None,
                "val_r1_best": max(vals) if vals else None, "head_sha256": sha, "head_bytes":
@@ -234,6 +289,18 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     assert file_sha256(out / HEAD_FILE) == sha
     return summary
+
+
+def _check_tail(train: InstanceCache, val: InstanceCache | None, config: HeadTrainConfig,
+                tail: TailReadout | None) -> None:
+    """Raise ``ConfigError`` unless ``tail``, ``config.tail_stages`` and the caches' kind agree."""
+    stages = tail.stages if tail is not None else 0
+    if stages != config.tail_stages:
+        raise ConfigError(f"config.tail_stages is {config.tail_stages} but the tail given has {stages} stages")
+    for name, cache in (("training", train), ("validation", val)):
+        cached = cached_tail(cache.config)["stages"] if cache is not None else stages
+        if cached != stages:
+            raise ConfigError(f"the {name} cache was made with tail_stages {cached}, the run has {stages}")
 
 
 def without_timings(value):
