@@ -125,10 +125,10 @@ def gallery(head: TokenHead | TailHead | None, clean: torch.Tensor, tokens: int)
 
 
 @torch.no_grad()
-def val_recall(head: TokenHead | TailHead | None, cache: InstanceCache, tokens: int = 10, chunk: int = 256
-               ) -> float:
-    """Recall@1 of every cached view against every clean instance of ``cache`` (module docstring); the gallery
-    keeps its first ``tokens`` tokens, the views all of theirs."""
+def val_hits(head: TokenHead | TailHead | None, cache: InstanceCache, tokens: int = 10, chunk: int = 256
+             ) -> torch.Tensor:
+    """(I V,) bool: whether each cached view (instance-major) of ``cache`` finds a right answer first among all its
+    clean instances (module docstring); the gallery keeps its first ``tokens`` tokens, the views all of theirs."""
     from training.photos.loss import maxsim_matrix
 
     n, v = cache.views.shape[:2]
@@ -142,7 +142,13 @@ def val_recall(head: TokenHead | TailHead | None, cache: InstanceCache, tokens: 
         best = maxsim_matrix(q, g).argmax(1)
         ok = positives(cache, b_inst, b_v, torch.arange(n))
         hits.append(ok[torch.arange(len(best)), best])
-    return float(torch.cat(hits).float().mean())
+    return torch.cat(hits)
+
+
+def val_recall(head: TokenHead | TailHead | None, cache: InstanceCache, tokens: int = 10, chunk: int = 256
+               ) -> float:
+    """Recall@1 of every cached view against every clean instance of ``cache``: the mean of ``val_hits``."""
+    return float(val_hits(head, cache, tokens, chunk).float().mean())
 
 
 class BatchSampler:
