@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path, Query, Request
+from fastapi import Depends, Path, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from regis.faults import pause_point
 from regis.indexes.collections import NAME_PATTERN
 from regis.jobs.cache import QueryCache
+from regis.jobs.model import JobInfo, JobSpec
 from regis.jobs.queue import JobQueue
 from regis.retrieve.query import QueryEngine
+from service import uploads
 from service.errors import APIError
+from service.jobs import await_job
 from service.live import LiveIndex
 from service.metrics import Metrics
 from service.settings import Settings
@@ -158,6 +162,45 @@ def get_jobs(request: Request) -> JobQueue:
 
         return CollectionJobQueue(queue, None, owns=False)
     return queue
+
+
+class ImageWrite:
+    """The dependencies of a route that changes one indexed image through an index job (PATCH and DELETE
+    /v1/images/{id}), resolved in this order: the job queue (``get_jobs``: 403 first), the engine (None: no
+    version yet), the settings and the live index; ``run`` submits the job and answers for it."""
+
+    def __init__(
+        self,
+        response: Response,
+        queue: Annotated[JobQueue, Depends(get_jobs)],
+        engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
+        settings: Annotated[Settings, Depends(get_settings)],
+        live: Annotated[LiveIndex, Depends(get_live)],
+    ):
+        self.response = response
+        self.queue = queue
+        self.engine = engine
+        self.settings = settings
+        self.live = live
+
+    async def run(self, spec: JobSpec, image_id: int, wait: bool) -> tuple[JobInfo, dict]:
+        """Submit ``spec``, wait for it (with ``wait``, up to REGIS_WRITE_WAIT_S seconds), and return its last
+        state and the answer's common fields {"id", "job_id", "state", "index_version"}; a job not done by then
+        makes the answer a 202 with ``Location: /v1/jobs/{job id}``.
+
+        Raises:
+            APIError: the job failed (``uploads.job_failure``).
+        """
+        info = await run_in_threadpool(self.queue.submit, spec)
+        if wait and self.settings.write_wait_s > 0:
+            info = await await_job(self.queue, self.live, info.id, self.settings.write_wait_s) or info
+        if info.state == "failed":
+            raise uploads.job_failure(info)
+        body = {"id": image_id, "job_id": info.id, "state": info.state, "index_version": self.live.version}
+        if info.state != "done":
+            self.response.status_code = 202
+            self.response.headers["Location"] = f"/v1/jobs/{info.id}"
+        return info, body
 
 
 def get_cache(request: Request) -> QueryCache | None:

@@ -11,13 +11,10 @@ from starlette.concurrency import run_in_threadpool
 from regis.api.schemas import ErrorResponse, ImageList, MetadataPatchResponse, SearchResponse
 from regis.faults import pause_point
 from regis.jobs.model import JobSpec
-from regis.jobs.queue import JobQueue
 from regis.retrieve.query import QueryEngine
 from service import thumbnails, uploads
-from service.deps import get_engine_or_empty, get_jobs, get_live, get_settings, search_extras
+from service.deps import ImageWrite, get_engine_or_empty, get_settings, search_extras
 from service.errors import APIError
-from service.jobs import await_job
-from service.live import LiveIndex
 from service.params import ImageId
 from service.routes.images import image_path
 from service.searching import EMPTY_VERSION, run_search_id
@@ -91,11 +88,7 @@ async def similar_images(
                                                                              **_ERRORS})
 async def patch_metadata(
     image_id: ImageId,
-    response: Response,
-    queue: Annotated[JobQueue, Depends(get_jobs)],
-    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
-    settings: Annotated[Settings, Depends(get_settings)],
-    live: Annotated[LiveIndex, Depends(get_live)],
+    write: Annotated[ImageWrite, Depends()],
     metadata: Annotated[dict, Body(embed=True, description="JSON merge patch of the image's metadata: keys "
                                                            "replace, null removes ('file' facts are kept)")],
     replace: Annotated[bool, Query(description="replace the whole user metadata instead of merging")] = False,
@@ -106,19 +99,13 @@ async def patch_metadata(
     (else 422 ``invalid_metadata`` with the ``path`` of the bad value; nothing is written)."""
     uploads.check_metadata(metadata)
     # (a remote shard: off the loop)
+    engine = write.engine
     if engine is None or await run_in_threadpool(engine.snapshot.table.get, image_id) is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id} in index version "
                                                f"{engine.snapshot.version if engine else EMPTY_VERSION}")
     spec = JobSpec(kind="metadata", ids=[image_id], metadata=metadata, replace_metadata=replace)
-    info = await run_in_threadpool(queue.submit, spec)
-    if wait and settings.write_wait_s > 0:
-        info = await await_job(queue, live, info.id, settings.write_wait_s) or info
-    if info.state == "failed":
-        raise uploads.job_failure(info)
-    body = {"id": image_id, "job_id": info.id, "state": info.state, "index_version": live.version}
+    info, body = await write.run(spec, image_id, wait)
     if info.state != "done":
-        response.status_code = 202
-        response.headers["Location"] = f"/v1/jobs/{info.id}"
         return body
     return {**body, "metadata": (info.result or {}).get("metadata")}
 

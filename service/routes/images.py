@@ -20,7 +20,7 @@ from regis.jobs.model import JobSpec
 from regis.jobs.queue import JobQueue, new_job_id
 from regis.retrieve.query import QueryEngine
 from service import uploads
-from service.deps import check_collection_exists, get_engine_or_empty, get_jobs, get_live, get_settings
+from service.deps import ImageWrite, check_collection_exists, get_engine_or_empty, get_jobs, get_live, get_settings
 from service.errors import APIError
 from service.jobs import await_job
 from service.live import LiveIndex
@@ -180,25 +180,14 @@ async def upload_images(
                                                                       **_WRITE_ERRORS})
 async def delete_image(
     image_id: ImageId,
-    response: Response,
-    queue: Annotated[JobQueue, Depends(get_jobs)],
-    engine: Annotated[QueryEngine | None, Depends(get_engine_or_empty)],
-    settings: Annotated[Settings, Depends(get_settings)],
-    live: Annotated[LiveIndex, Depends(get_live)],
+    write: Annotated[ImageWrite, Depends()],
     wait: Annotated[bool, Query(description="wait for the index job (up to REGIS_WRITE_WAIT_S)")] = True,
 ) -> dict:
     """Remove an image from the index (its id is never reused; an uploaded file is deleted too). 200 once the
     new index version answers searches, 202 with the job id if the job takes longer than the wait.
     An image indexed from a folder comes back with the next scan of that folder if its file is still there."""
-    await run_in_threadpool(_record, engine, image_id)  # (a remote shard on Ray: never block the loop)
-    info = await run_in_threadpool(queue.submit, JobSpec(kind="delete", ids=[image_id]))
-    if wait and settings.write_wait_s > 0:
-        info = await await_job(queue, live, info.id, settings.write_wait_s) or info
-    if info.state == "failed":
-        raise uploads.job_failure(info)
-    body = {"id": image_id, "job_id": info.id, "state": info.state, "index_version": live.version}
+    await run_in_threadpool(_record, write.engine, image_id)  # (a remote shard on Ray: never block the loop)
+    info, body = await write.run(JobSpec(kind="delete", ids=[image_id]), image_id, wait)
     if info.state != "done":
-        response.status_code = 202
-        response.headers["Location"] = f"/v1/jobs/{info.id}"
         return {**body, "deleted": False}
     return {**body, "deleted": image_id in (info.result or {}).get("deleted", [])}

@@ -75,6 +75,7 @@ def test_a_delete_queued_before_the_queue_went_away_is_answered_202(client, monk
     r = client.delete(f"/v1/images/{image_id}")
     assert r.status_code == 202, r.text
     assert r.json()["job_id"] == submitted[0] and r.json()["deleted"] is False
+    assert r.headers["location"] == f"/v1/jobs/{submitted[0]}"
     monkeypatch.undo()
     wait_until(lambda: _done(client, submitted[0]), 60, what="the delete's job")
     wait_until(lambda: client.get(f"/v1/images/{image_id}").status_code == 404, 10, what="the image gone")
