@@ -213,6 +213,23 @@ def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
+def search_size(settings: Settings, k: int | None, depth: int | None) -> tuple[int, int | None]:
+    """A search's (k, depth): the settings' defaults for those not given, checked against their maxima. Called
+    by the search routes with their own ``k`` and ``depth`` query parameters (each route describes them in its
+    own words, so they are not declared here).
+
+    Raises:
+        APIError: 422 ``invalid_parameter`` for k > REGIS_MAX_K or depth > REGIS_MAX_DEPTH (k first).
+    """
+    k = k or settings.default_k
+    depth = depth or settings.default_depth
+    if k > settings.max_k:
+        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
+    if depth is not None and depth > settings.max_depth:
+        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    return k, depth
+
+
 def search_extras(
     filter: Annotated[str | None, Query(
         max_length=8192, description='metadata filter: JSON such as {"album": "trip", "year": {"gte": 2020}}, '

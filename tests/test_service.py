@@ -121,6 +121,21 @@ def test_missing_file_and_bad_parameters(client, photos_dir):
     assert r.status_code == 422 and "k must be" in r.json()["error"]["message"]
 
 
+def test_every_search_route_checks_k_and_depth_against_the_settings(client, photos_dir):
+    data = (photos_dir / "skimage-moon.png").read_bytes()
+    routes = {"search": lambda p: client.post("/v1/search", files=_upload(data), params=p),
+              "batch": lambda p: client.post("/v1/search/batch", files={"files": ("q.png", data)}, params=p),
+              "similar": lambda p: client.get("/v1/images/0/similar", params=p)}
+    for name, send in routes.items():  # max_k = 100, max_depth = 1024 (the defaults); k is checked first
+        for params, message in (({"k": 500}, "k must be <= 100"), ({"depth": 2000}, "depth must be <= 1024"),
+                                ({"k": 500, "depth": 2000}, "k must be <= 100")):
+            r = send(params)
+            assert r.status_code == 422, (name, params, r.text)
+            assert r.json()["error"]["code"] == "invalid_parameter", (name, params)
+            assert r.json()["error"]["message"] == message, (name, params)
+        assert send({"k": 100, "depth": 1024}).status_code == 200, name
+
+
 def test_image_metadata_and_file(client, photos_dir):
     hit = client.post("/v1/search", files=_upload((photos_dir / "skimage-astronaut.png").read_bytes())).json()
     image_id = hit["results"][0]["id"]

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from regis.api.schemas import BatchSearchResponse, ErrorResponse
 from regis.retrieve.query import QueryEngine
-from service.deps import get_engine_or_empty, get_settings, search_extras
+from service.deps import get_engine_or_empty, get_settings, search_extras, search_size
 from service.errors import APIError
 from service.routes.search import read_upload
 from service.searching import check_query_images, empty_search, run_search_batch
@@ -38,12 +38,7 @@ async def search_batch(
     ``explain=true`` each image is searched and explained as by ``POST /search?explain=true``. A collection with
     no published version yet answers one empty result list per image (each image still decoded: a non-image is
     a 400)."""
-    k = k or settings.default_k
-    depth = depth or settings.default_depth
-    if k > settings.max_k:
-        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
-    if depth is not None and depth > settings.max_depth:
-        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    k, depth = search_size(settings, k, depth)
     if len(files) > settings.max_upload_files:
         raise APIError(413, "too_many_files", f"at most {settings.max_upload_files} query images per request")
     images = [await read_upload(f, settings.max_upload_bytes) for f in files]

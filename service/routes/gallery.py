@@ -13,7 +13,7 @@ from regis.faults import pause_point
 from regis.jobs.model import JobSpec
 from regis.retrieve.query import QueryEngine
 from service import thumbnails, uploads
-from service.deps import ImageWrite, get_engine_or_empty, get_settings, search_extras
+from service.deps import ImageWrite, get_engine_or_empty, get_settings, search_extras, search_size
 from service.errors import APIError
 from service.params import ImageId
 from service.routes.images import image_path
@@ -69,12 +69,7 @@ async def similar_images(
     itself comes first (score = its self-similarity). The query is the image's T stored tokens, not the m tokens
     an upload gets under the index's ``query_layout``, so scores are on another scale than a search by upload.
     On a collection with no published version yet every id is a 404 ``image_not_found``."""
-    k = k or settings.default_k
-    if k > settings.max_k:
-        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
-    depth = depth or settings.default_depth
-    if depth is not None and depth > settings.max_depth:
-        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    k, depth = search_size(settings, k, depth)
     if engine is None:
         raise APIError(404, "image_not_found", f"no image with id {image_id}: the collection has no index version "
                                                "yet")

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from regis.api.schemas import ErrorResponse, SearchResponse
 from regis.retrieve.query import QueryEngine
-from service.deps import get_engine_or_empty, get_settings, search_extras
+from service.deps import get_engine_or_empty, get_settings, search_extras, search_size
 from service.errors import APIError
 from service.searching import check_query_images, empty_search, run_search
 from service.settings import Settings
@@ -50,12 +50,7 @@ async def search(
     """Rank the indexed images by MaxSim similarity to the uploaded image (with ``explain=true``: and say why).
     A collection with no published version yet answers 200 with no results (``index_version`` 0, timings 0);
     the upload is still decoded once, so a non-image is a 400 there too."""
-    k = k or settings.default_k
-    depth = depth or settings.default_depth
-    if k > settings.max_k:
-        raise APIError(422, "invalid_parameter", f"k must be <= {settings.max_k}")
-    if depth is not None and depth > settings.max_depth:
-        raise APIError(422, "invalid_parameter", f"depth must be <= {settings.max_depth}")
+    k, depth = search_size(settings, k, depth)
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > settings.max_upload_bytes + 64 * 1024:
         raise APIError(
