@@ -6,13 +6,14 @@ Set ``REGIS_SCREENSHOT_DIR`` to keep the screenshots (``explain-portrait.png``, 
 
 from __future__ import annotations
 
+import copy
 import io
 import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
-from test_page import _screenshot, _serve
+from test_page import _assert_plain_words, _screenshot, _serve
 
 # ~40-80 s of make test: make test-heavy (CI) runs them; make test stays under 10 min
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
@@ -183,5 +184,67 @@ def test_explanation_boxes_with_two_framings_per_image(browser, aspect_index, tw
             for d in drawn:
                 _inside(d, 284, 427)
             _screenshot(page.locator("#detail"), tmp_path / "explain-two-framings.png")
+        finally:
+            page.close()
+
+
+def _drawn_tokens(page, svg: str) -> list[int]:
+    """The query tokens whose boxes ``svg`` draws (each box's group carries its token's index)."""
+    return sorted(page.evaluate(f"[...document.querySelectorAll('{svg} g.tok')].map(g => Number(g.dataset.token))"))
+
+
+def test_a_best_framing_explanation_draws_only_the_winning_framing(browser, aspect_index, two_framings_index,
+                                                                   tmp_path):
+    """Two framings scored apart (framing score "best"): a result's score is one framing's MaxSim, the other
+    framing's query tokens contribute 0 (``explanation.framing`` names the winner). The explanation draws and lists
+    the winning framing's tokens only and says in words which framing won, with both framings' scores. The same
+    answer without ``framing`` (as an index of one framing, or two scored together, "union", answers) draws every
+    token, as before."""
+    from regis.indexes.snapshot import IndexSnapshot
+
+    folder = aspect_index[1]
+    cfg = IndexSnapshot.open(two_framings_index).manifest.encoder
+    assert cfg.framing_score == "best" and cfg.score_framings == 2
+    words = {"crop": "the centre crop", "whole": "the whole image"}
+    with _serve(["--index", str(two_framings_index)], tmp_path / "serve.log") as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        try:
+            page.goto(url)
+            page.wait_for_function("document.getElementById('status').textContent.includes('images to search')")
+            found = _explain_first(page, folder / "coffee-panorama.png", "coffee-panorama.png")
+            tokens = found["query"]["tokens"]
+            ex = found["results"][0]["explanation"]
+            won, lost = ex["framing"], ({"crop", "whole"} - {ex["framing"]}).pop()
+            mine = [t["index"] for t in tokens if t["name"].startswith(f"{won}-")]
+            assert len(tokens) == 30 and len(mine) == 15
+            boxed = [t["index"] for t in tokens if t["box"]]
+            assert set(boxed) - set(mine)  # the losing framing has regions: they must not be drawn
+            assert _drawn_tokens(page, "#qSvg") == [i for i in boxed if i in mine]
+            on_result = [m["query_token"] for m in ex["matches"] if m["result_box"]]
+            assert _drawn_tokens(page, "#rSvg") == sorted(i for i in on_result if i in mine)
+            assert all(m["contribution"] == 0 for m in ex["matches"] if m["query_token"] not in mine)
+            # which framing won, in words, with both framings' scores
+            said = page.inner_text("#framing")
+            scores = ex["framing_scores"]
+            assert said.startswith(f"Scored on {words[won]}: {scores[won]:.1f} of 15 "
+                                   f"({words[lost].removeprefix('the ')} {scores[lost]:.1f})"), said
+            _assert_plain_words(page, "#detail")
+            _screenshot(page.locator("#detail"), tmp_path / "explain-best-framing.png")
+            page.click("#tokenDetails summary")
+            rows = page.locator("#matchRows tr").evaluate_all("rs => rs.map(r => Number(r.dataset.token))")
+            assert sorted(rows) == mine  # the table lists the winning framing's tokens only
+            page.click("#detailClose")
+
+            # the same answer without "framing" (the JSON of a "union" index): every token drawn and listed
+            plain = copy.deepcopy(found)
+            for hit in plain["results"]:
+                hit["explanation"].pop("framing")
+                hit["explanation"].pop("framing_scores")
+            page.route(lambda u: "/v1/search" in u, lambda route: route.fulfill(json=plain))
+            _explain_first(page, folder / "coffee-panorama.png", "coffee-panorama.png")
+            assert _drawn_tokens(page, "#qSvg") == boxed
+            assert _drawn_tokens(page, "#rSvg") == sorted(on_result)
+            assert page.locator("#framing").count() == 0
+            assert page.locator("#matchRows tr").count() == 30
         finally:
             page.close()
