@@ -5,8 +5,11 @@ Nothing heavy is imported at module level: the root CLI imports this module on e
 
 from __future__ import annotations
 
+import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -49,9 +52,10 @@ TrainBatchnorm = Annotated[bool, typer.Option("--train-batchnorm", help="Update 
 
 # Options that may accompany --resume (they change how the run executes, not what it computes).
 RUNTIME_PARAMS = {"out", "resume", "device", "num_workers", "precision", "stop_at_step", "quiet"}
+_OWN = object()  # in _recipe_options: a place for an option of the recipe's own
 
 
-def triplet(
+def _recipe_options(
     ctx: typer.Context,
     out: RunDir,
     data: TrainData = None,
@@ -62,31 +66,23 @@ def triplet(
     weights: Weights = None,
     random_init: RandomInit = False,
     init_seed: InitSeed = 0,
-    token_set: Annotated[str, typer.Option("--token-set", help="cls, cls+reg or cls+reg+roi.")] = "cls+reg+roi",
+    token_set=_OWN,
     roi_size: TrainRoiSize = 3,
     border: Border = "clip",
     cue_method: CueMethod = None,
     image_size: ImageSize = None,
     train_batchnorm: TrainBatchnorm = False,
-    sampler: Annotated[str, typer.Option("--sampler", help="random (random triplets) or pk (P x K batches + "
-                                         "--miner).")] = "random",
-    miner: Annotated[str, typer.Option("--miner", help="batch-hard or semi-hard (pk sampler).")] = "batch-hard",
-    p: Annotated[int, typer.Option("--p", help="Classes per batch (pk).")] = 8,
-    k: Annotated[int, typer.Option("--k", help="Images per class (pk).")] = 4,
-    triplets_per_batch: Annotated[int, typer.Option("--triplets-per-batch", help="T (random sampler).")] = 16,
-    margin: Annotated[float, typer.Option("--margin", help="alpha, on the summed MaxSim score.")] = 0.2,
-    reducer: Annotated[str, typer.Option("--reducer", help="mean or mean-nonzero.")] = "mean",
-    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 1000,
+    recipe=_OWN,
     accum_steps: AccumSteps = 1,
     lr: BackboneLR = 2e-5,
-    head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate outside the backbone.")] = 1e-3,
+    head_lr=_OWN,
     weight_decay: WeightDecay = 1e-2,
     warmup_steps: WarmupSteps = 100,
     min_lr_ratio: MinLrRatio = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Sampler and augmentation seed.")] = 0,
+    seed=_OWN,
     eval_every: EvalEvery = 0,
     eval_max_images: EvalMaxImages = 2000,
-    eval_batch_size: Annotated[int, typer.Option("--eval-batch-size")] = 64,
+    eval_batch_size=_OWN,
     log_every: LogEvery = 10,
     checkpoint_every: CheckpointEvery = 500,
     resume: Resume = False,
@@ -96,34 +92,97 @@ def triplet(
     stop_at_step: StopAtStep = None,
     quiet: Quiet = False,
 ) -> None:
-    """Fine-tune an encoder with the multi-vector triplet loss on MaxSim scores (METHODS.md section 1)."""
-    from regis.errors import ConfigError
-    from training.config import make_config
-    from training.engine.loop import Runtime, resume_triplet, train_triplet
+    """The options of every training recipe, in the order ``--help`` lists them: ``_recipe_command`` puts the
+    recipe's own ``token_set``, ``head_lr``, ``seed`` and ``eval_batch_size`` (their help differs) where this
+    signature has them, and its other options at ``recipe``."""
 
-    runtime = Runtime(device=device, num_workers=num_workers, precision=precision, stop_at_step=stop_at_step,
-                      progress=not quiet)
-    if resume:
-        _refuse_config_options(ctx)
-        summary = resume_triplet(out, runtime)
+
+def _recipe_command(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a recipe's command (its own options, then ``**shared``) the options of ``_recipe_options`` too: typer
+    reads the signature set here, and calls the command with every option by name (the shared ones land in
+    ``shared``).
+
+    Raises:
+        TypeError: the command lacks one of the options ``_recipe_options`` leaves to the recipe.
+    """
+    own = {name: p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+           for name, p in inspect.signature(command, eval_str=True).parameters.items() if p.kind != p.VAR_KEYWORD}
+    layout = inspect.signature(_recipe_options, eval_str=True).parameters
+    params = []
+    for name, p in layout.items():
+        if p.default is not _OWN:
+            params.append(p)
+        elif name == "recipe":
+            params += [q for q in own.values() if q.name not in layout]
+        elif name in own:
+            params.append(own[name])
+        else:
+            raise TypeError(f"{command.__name__} must declare its own {name!r} option")
+    command.__signature__ = inspect.Signature(params)
+    return command
+
+
+def _train(recipe: str, shared: dict, make_config: Callable[..., object]) -> None:
+    """The steps of every recipe: with ``--resume``, continue the run in ``--out`` (refusing options that change
+    what it computes); else start one from ``make_config(**values)``, ``values`` being the config fields of the
+    shared options (``--data`` required); then print its summary.
+
+    Raises:
+        ConfigError: no ``--data`` without ``--resume``, config options with it, or a bad configuration.
+    """
+    from regis.errors import ConfigError
+    from training.engine.loop import Runtime, resume_run, start_run
+
+    o = SimpleNamespace(**shared)
+    runtime = Runtime(device=o.device, num_workers=o.num_workers, precision=o.precision,
+                      stop_at_step=o.stop_at_step, progress=not o.quiet)
+    if o.resume:
+        _refuse_config_options(o.ctx)
+        summary = resume_run(o.out, runtime, recipe)
     else:
-        if data is None:
+        if o.data is None:
             raise ConfigError("--data is required (unless --resume)")
         config = make_config(
-            data=str(data.expanduser().resolve()), data_format=data_format,
-            train_classes=str(train_classes.resolve()) if train_classes else None,
-            check_counts=not skip_count_check, backbone=backbone, weights=str(weights) if weights else None,
-            random_init=random_init, init_seed=init_seed, token_set=token_set, roi_size=roi_size, border=border,
-            cue_method=cue_method, image_size=image_size, freeze_batchnorm=not train_batchnorm,
-            sampler=sampler, miner=miner, p=p, k=k,
-            triplets_per_batch=triplets_per_batch, margin=margin, reducer=reducer, steps=steps,
-            accum_steps=accum_steps, lr=lr, head_lr=head_lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            min_lr_ratio=min_lr_ratio, seed=seed, eval_every=eval_every,
-            eval_max_images=eval_max_images or None, eval_batch_size=eval_batch_size, log_every=log_every,
-            checkpoint_every=checkpoint_every,
+            data=str(o.data.expanduser().resolve()), data_format=o.data_format,
+            train_classes=str(o.train_classes.resolve()) if o.train_classes else None,
+            check_counts=not o.skip_count_check, backbone=o.backbone,
+            weights=str(o.weights) if o.weights else None, random_init=o.random_init,
+            init_seed=o.init_seed, roi_size=o.roi_size, border=o.border, cue_method=o.cue_method,
+            image_size=o.image_size, freeze_batchnorm=not o.train_batchnorm, accum_steps=o.accum_steps,
+            lr=o.lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
+            min_lr_ratio=o.min_lr_ratio, eval_every=o.eval_every,
+            eval_max_images=o.eval_max_images or None, log_every=o.log_every,
+            checkpoint_every=o.checkpoint_every,
         )
-        summary = train_triplet(config, out, runtime)
+        summary = start_run(recipe, config, o.out, runtime)
     _print_summary(summary)
+
+
+@_recipe_command
+def triplet(
+    token_set: Annotated[str, typer.Option("--token-set", help="cls, cls+reg or cls+reg+roi.")] = "cls+reg+roi",
+    sampler: Annotated[str, typer.Option("--sampler", help="random (random triplets) or pk (P x K batches + "
+                                         "--miner).")] = "random",
+    miner: Annotated[str, typer.Option("--miner", help="batch-hard or semi-hard (pk sampler).")] = "batch-hard",
+    p: Annotated[int, typer.Option("--p", help="Classes per batch (pk).")] = 8,
+    k: Annotated[int, typer.Option("--k", help="Images per class (pk).")] = 4,
+    triplets_per_batch: Annotated[int, typer.Option("--triplets-per-batch", help="T (random sampler).")] = 16,
+    margin: Annotated[float, typer.Option("--margin", help="alpha, on the summed MaxSim score.")] = 0.2,
+    reducer: Annotated[str, typer.Option("--reducer", help="mean or mean-nonzero.")] = "mean",
+    steps: Annotated[int, typer.Option("--steps", help="Optimiser steps.")] = 1000,
+    head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate outside the backbone.")] = 1e-3,
+    seed: Annotated[int, typer.Option("--seed", help="Sampler and augmentation seed.")] = 0,
+    eval_batch_size: Annotated[int, typer.Option("--eval-batch-size")] = 64,
+    **shared,
+) -> None:
+    """Fine-tune an encoder with the multi-vector triplet loss on MaxSim scores (METHODS.md section 1)."""
+    from training.config import make_config
+
+    _train("triplet", shared, lambda **values: make_config(
+        **values, token_set=token_set, sampler=sampler, miner=miner, p=p, k=k,
+        triplets_per_batch=triplets_per_batch, margin=margin, reducer=reducer, steps=steps, head_lr=head_lr,
+        seed=seed, eval_batch_size=eval_batch_size,
+    ))
 
 
 def _refuse_config_options(ctx: typer.Context) -> None:
@@ -143,25 +202,11 @@ def _refuse_config_options(ctx: typer.Context) -> None:
         raise ConfigError(f"--resume continues the run's saved config.json; do not pass {given}")
 
 
+@_recipe_command
 def dmcac(
-    ctx: typer.Context,
-    out: RunDir,
-    data: TrainData = None,
-    data_format: Format = "auto",
-    train_classes: TrainClasses = None,
-    skip_count_check: SkipCountCheck = False,
-    backbone: Backbone = None,
-    weights: Weights = None,
-    random_init: RandomInit = False,
-    init_seed: InitSeed = 0,
     token_set: Annotated[str, typer.Option("--token-set", help="Tokens the exported encoder gives: cls, cls+reg "
                                            "or cls+reg+roi (DMCAC trains token 0, or all with --similarity "
                                            "maxsim).")] = "cls+reg+roi",
-    roi_size: TrainRoiSize = 3,
-    border: Border = "clip",
-    cue_method: CueMethod = None,
-    image_size: ImageSize = None,
-    train_batchnorm: TrainBatchnorm = False,
     split: Annotated[str, typer.Option("--split", help="stratified (half of each class queries, half database) or "
                                        "overlap (both = all; a query is never its own neighbour).")] = "stratified",
     max_train_per_class: Annotated[int | None, typer.Option("--max-train-per-class", help="Seeded subset of the "
@@ -181,55 +226,22 @@ def dmcac(
                                             "over all tokens).")] = "cls",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Queries per micro-batch (x A images).")] = 32,
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training queries.")] = 20,
-    accum_steps: AccumSteps = 1,
-    lr: BackboneLR = 2e-5,
     head_lr: Annotated[float, typer.Option("--head-lr", help="Learning rate of the CAC and CE heads.")] = 1e-3,
-    weight_decay: WeightDecay = 1e-2,
-    warmup_steps: WarmupSteps = 100,
-    min_lr_ratio: MinLrRatio = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Split, sampler and augmentation seed.")] = 0,
-    eval_every: EvalEvery = 0,
-    eval_max_images: EvalMaxImages = 2000,
     eval_batch_size: Annotated[int, typer.Option("--eval-batch-size", help="Images per forward pass when "
                                                  "embedding the test split and the database.")] = 64,
-    log_every: LogEvery = 10,
-    checkpoint_every: CheckpointEvery = 500,
-    resume: Resume = False,
-    device: DeviceOpt = "auto",
-    num_workers: Workers = 2,
-    precision: Precision = "auto",
-    stop_at_step: StopAtStep = None,
-    quiet: Quiet = False,
+    **shared,
 ) -> None:
     """Fine-tune an encoder with DMCAC: retrieval against a cached training database inside the loop, L_frob +
     L_ce + L_cac (METHODS.md section 2). The exported encoder.safetensors holds the encoder only."""
-    from regis.errors import ConfigError
     from training.config import make_dmcac_config
-    from training.engine.loop import Runtime, resume_run, start_run
 
-    runtime = Runtime(device=device, num_workers=num_workers, precision=precision, stop_at_step=stop_at_step,
-                      progress=not quiet)
-    if resume:
-        _refuse_config_options(ctx)
-        summary = resume_run(out, runtime, "dmcac")
-    else:
-        if data is None:
-            raise ConfigError("--data is required (unless --resume)")
-        config = make_dmcac_config(
-            data=str(data.expanduser().resolve()), data_format=data_format,
-            train_classes=str(train_classes.resolve()) if train_classes else None,
-            check_counts=not skip_count_check, backbone=backbone, weights=str(weights) if weights else None,
-            random_init=random_init, init_seed=init_seed, token_set=token_set, roi_size=roi_size, border=border,
-            cue_method=cue_method, image_size=image_size, freeze_batchnorm=not train_batchnorm,
-            split=split, max_train_per_class=max_train_per_class, views=views, top_k=top_k, retrieval=retrieval,
-            faiss_index=faiss_index, refresh_every=refresh_every, tau=tau, betas=_floats(betas, "--betas", 3),
-            similarity=similarity, batch_size=batch_size, epochs=epochs, accum_steps=accum_steps, lr=lr,
-            head_lr=head_lr, weight_decay=weight_decay, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
-            seed=seed, eval_every=eval_every, eval_max_images=eval_max_images or None,
-            eval_batch_size=eval_batch_size, log_every=log_every, checkpoint_every=checkpoint_every,
-        )
-        summary = start_run("dmcac", config, out, runtime)
-    _print_summary(summary)
+    _train("dmcac", shared, lambda **values: make_dmcac_config(
+        **values, token_set=token_set, split=split, max_train_per_class=max_train_per_class, views=views,
+        top_k=top_k, retrieval=retrieval, faiss_index=faiss_index, refresh_every=refresh_every, tau=tau,
+        betas=_floats(betas, "--betas", 3), similarity=similarity, batch_size=batch_size, epochs=epochs,
+        head_lr=head_lr, seed=seed, eval_batch_size=eval_batch_size,
+    ))
 
 
 def _floats(text: str, option: str, count: int) -> tuple[float, ...]:

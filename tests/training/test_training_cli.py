@@ -56,3 +56,23 @@ def test_eval_starting_point_and_bad_options(tmp_path):
     assert result.exit_code != 0 and "Recall@50" in str(result.exception)
     result = runner.invoke(app, ["train", "triplet", "--out", str(tmp_path / "r")])
     assert result.exit_code != 0 and "--data is required" in str(result.exception)
+
+
+def test_the_recipes_list_the_shared_options_around_their_own_in_a_fixed_order():
+    import typer
+
+    from cli.train import _recipe_command
+
+    train = typer.main.get_command(app).commands["train"]
+    head = ["out", "data", "data_format", "train_classes", "skip_count_check", "backbone", "weights", "random_init",
+            "init_seed", "token_set", "roi_size", "border", "cue_method", "image_size", "train_batchnorm"]
+    tail = ["accum_steps", "lr", "head_lr", "weight_decay", "warmup_steps", "min_lr_ratio", "seed", "eval_every",
+            "eval_max_images", "eval_batch_size", "log_every", "checkpoint_every", "resume", "device", "num_workers",
+            "precision", "stop_at_step", "quiet"]
+    own = {"triplet": ["sampler", "miner", "p", "k", "triplets_per_batch", "margin", "reducer", "steps"],
+           "dmcac": ["split", "max_train_per_class", "views", "top_k", "retrieval", "faiss_index", "refresh_every",
+                     "tau", "betas", "similarity", "batch_size", "epochs"]}
+    for name, middle in own.items():
+        assert [p.name for p in train.commands[name].params] == head + middle + tail, name
+    with pytest.raises(TypeError, match="'seed'"):
+        _recipe_command(lambda token_set="x", head_lr=1.0, eval_batch_size=1, **shared: None)
