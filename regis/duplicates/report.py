@@ -106,7 +106,7 @@ def explain_pair(snapshot, a: int, b: int) -> dict | None:
         return None
     config = snapshot.manifest.encoder
     joined = 0 if config.framings > 1 else None  # the self-join's framing: the centre crop
-    per = config.tokens_per_image // config.framings  # T of the pair's scores (S / T)
+    per = config.tokens_per_framing  # T of the pair's scores (S / T): one framing's tokens
     ta, tb = sa.tokens.astype(np.float32), sb.tokens.astype(np.float32)
     out = {"a_to_b": explain_tokens(config, ta, tb, sb.buddies, sb.grid, sb.width, sb.height, framing=joined),
            "b_to_a": explain_tokens(config, tb, ta, sa.buddies, sa.grid, sa.width, sa.height, framing=joined),

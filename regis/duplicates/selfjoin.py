@@ -109,7 +109,7 @@ class _Join:
         self.snapshot = snapshot
         self.store = snapshot.store
         self.per_id = snapshot.manifest.tokens_per_image  # FAISS token ids per image (owner = token id // per_id)
-        self.T = self.per_id // snapshot.manifest.encoder.framings  # tokens joined: the first framing's
+        self.T = snapshot.manifest.encoder.tokens_per_framing  # tokens joined: the first framing's
         self.floor = floor
         self.neighbours = neighbours
         self.depth = depth
