@@ -344,6 +344,7 @@ function openCompare(pair, group, index) {
   }
   $("cmpFacts").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("td", { class: "muted" }, k), el("td", {}, v))));
   $("tokensBtn").disabled = false;
+  showCompareError("");
   $("compare").showModal();
 }
 
@@ -359,20 +360,38 @@ function counts(ex, m) {
   return !ex.framing || ex.a_tokens[m.query_token].name.startsWith(`${ex.framing}-`);
 }
 
+/** An error of the comparison, said in the dialog (the page's own error line is behind it); "" hides it. */
+function showCompareError(message) { const e = $("cmpError"); e.textContent = message; e.hidden = !message; }
+
 /** The token explanation of the open pair (GET .../duplicates?explain=true for its group): each image's ROI boxes and,
  * on the other image, the box of the token each one matched best, in one colour per token; on an index of two
- * framings only the tokens of the framing the pair was scored on, said in words. */
+ * framings only the tokens of the framing the pair was scored on, said in words. The answer is for the comparison
+ * open when the button was pressed: if another pair was opened (or the dialog closed) meanwhile it is dropped, never
+ * drawn on the other pair. A failure is said in the dialog and the button can be pressed again. */
 async function showTokens() {
-  const { pair, index } = state.pair;
+  const open = state.pair;  // this request's comparison: openCompare and closing replace it
+  const stale = () => state.pair !== open;
+  const fail = (message) => {
+    if (stale()) return;
+    showCompareError(message);
+    $("tokensBtn").disabled = false;
+  };
+  const { pair, index } = open;
   $("tokensBtn").disabled = true;
+  showCompareError("");
   const params = query({ offset: String(index), limit: "1", explain: "true" });
-  let resp;
-  try { resp = await apiFetch(`${base()}/duplicates?${params}`); } catch (_) { showError("The server could not be reached."); return; }
-  if (!resp.ok) { showError(await errorText(resp)); return; }
-  const g = (await resp.json()).groups[0];
+  let body;
+  try {
+    const resp = await apiFetch(`${base()}/duplicates?${params}`);
+    if (stale()) return;
+    if (!resp.ok) { fail(await errorText(resp)); return; }
+    body = await resp.json();
+  } catch (_) { fail("The server could not be reached."); return; }
+  if (stale()) return;
+  const g = body.groups && body.groups[0];
   const found = g && g.pairs.concat(g.related).find(p => p.a === pair.a && p.b === pair.b);
   const ex = found && found.explanation;
-  if (!ex) { showError("No explanation for this pair (an image was deleted meanwhile)."); return; }
+  if (!ex) { fail("No explanation for this pair (an image was deleted meanwhile)."); return; }
   ex.a_to_b.matches.filter(m => counts(ex, m)).forEach((m, i) => {
     const colour = COLOURS[i % COLOURS.length];
     const qb = ex.a_tokens[m.query_token].box;
@@ -387,6 +406,9 @@ async function showTokens() {
 }
 $("tokensBtn").addEventListener("click", showTokens);
 $("cmpClose").addEventListener("click", () => $("compare").close());
+$("compare").addEventListener("close", () => {  // an answer still on its way for the closed pair is dropped
+  if (!$("compare").open) state.pair = null;
+});
 $("compare").addEventListener("click", (e) => { if (e.target === $("compare")) $("compare").close(); });
 
 // ------------------------------------------------------------------ controls

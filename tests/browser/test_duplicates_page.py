@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import urllib.request
 from pathlib import Path
@@ -217,6 +218,77 @@ def test_groups_relations_comparison_and_keep_this_one(browser, server, tmp_path
     finally:
         page.close()
 
+
+def test_a_late_explanation_is_dropped_and_a_failed_one_can_be_tried_again(browser, server, tmp_path):
+    """The token matches of a pair whose explanation is still loading when another pair is opened are dropped (before:
+    drawn on the other pair); a failed request says why in the comparison and leaves the button usable (before: the
+    button stayed disabled and the error went to the page behind the dialog). The astronaut's group: two pairs,
+    the grey copy and the byte copy each with the one kept (the group the first test of the module leaves)."""
+    url, read_key, _, ids = server
+    page = browser.new_page(viewport={"width": 1200, "height": 1100})
+    explained = lambda u: "/duplicates?" in u and "explain=true" in u  # noqa: E731 (a pair's token explanation)
+    try:
+        page.goto(f"{url}/duplicates")
+        page.wait_for_selector("#keyBox:not([hidden])")
+        page.fill("#apiKey", read_key)
+        page.dispatch_event("#apiKey", "change")
+        grey = ids["astronaut-grey-small.jpg"]
+        page.wait_for_selector(f'#groups .card[data-id="{grey}"] button.cmp', timeout=180_000)
+        twin = next(i for i in (ids["astronaut.jpg"], ids["astronaut (copy).jpg"])
+                    if _card(page, i).locator("button.cmp").count())  # the copy that is not kept
+
+        def compare(image_id: int) -> None:
+            _card(page, image_id).locator("button.cmp").click()
+            page.wait_for_selector("#compare[open]")
+
+        held = []  # the first explanation request, answered when the test says
+        page.route(explained, lambda route: held.append(route) if not held else route.continue_())
+        compare(grey)
+        page.click("#tokensBtn")
+        wait_until(lambda: held or page.wait_for_timeout(50), 30, what="the explanation request to be held")
+        assert page.locator("#tokensBtn").is_disabled()
+        page.click("#cmpClose")
+        compare(twin)  # another pair while the first one's explanation is on its way
+        with page.expect_response(lambda r: explained(r.url)) as late:
+            held[0].continue_()
+        late.value.finished()
+        page.evaluate("new Promise(r => setTimeout(r, 500))")  # the page has had the answer in its hands
+        assert page.locator("#aSvg rect").count() == 0 and page.locator("#bSvg rect").count() == 0
+        assert page.locator("#tokensBtn").is_enabled() and page.locator("#cmpError").is_hidden()
+        # then this pair's own token matches, where the API's explanation of this pair puts them
+        page.click("#tokensBtn")
+        page.wait_for_function("document.querySelectorAll('#aSvg rect').length > 0")
+        a, b = (int(v) for v in re.match(r"#(\d+) and #(\d+):", page.inner_text("#cmpTitle")).groups())
+        assert twin in (a, b) and grey not in (a, b)
+        index = int(_card(page, twin).locator("xpath=ancestor::section").get_attribute("data-group"))
+        query = "&".join(f"relation={r}" for r in ("exact", "edited_copy", "crop", "same_scene"))
+        group = _get(f"{url}/v1/duplicates?offset={index}&limit=1&explain=true&{query}", read_key)["groups"][0]
+        ex = next(p for p in group["pairs"] if (p["a"], p["b"]) == (a, b))["explanation"]
+        boxed = [m for m in ex["a_to_b"]["matches"] if ex["a_tokens"][m["query_token"]]["box"] and m["result_box"]]
+        drawn = page.evaluate("[...document.querySelectorAll('#aSvg rect')].map(r => "
+                              "['x', 'y', 'width', 'height'].map(k => Number(r.getAttribute(k))))")
+        assert drawn == [pytest.approx([x0, y0, x1 - x0, y1 - y0]) for x0, y0, x1, y1 in
+                         (ex["a_tokens"][m["query_token"]]["box"] for m in boxed)]
+        page.click("#cmpClose")
+        page.unroute(explained)
+
+        # a failed request: said in the comparison, and the button works again
+        page.route(explained, lambda route: route.fulfill(
+            status=503, json={"error": {"code": "index_unavailable", "message": "no index version yet"}}))
+        compare(grey)
+        page.click("#tokensBtn")
+        page.wait_for_selector("#cmpError:not([hidden])")
+        assert page.inner_text("#cmpError") == "The server has no index yet. (no index version yet)"
+        assert page.locator("#tokensBtn").is_enabled()
+        assert page.locator("#aSvg rect").count() == 0
+        _screenshot(page.locator("#compare"), tmp_path / "duplicates-compare-error.png")
+        page.unroute(explained)
+        page.click("#tokensBtn")
+        page.wait_for_function("document.querySelectorAll('#aSvg rect').length > 0")
+        assert page.locator("#cmpError").is_hidden()
+        _screenshot(page.locator("#compare"), tmp_path / "duplicates-compare-retried.png")
+    finally:
+        page.close()
 
 @pytest.fixture(scope="module")
 def server_two_framings(library, tmp_path_factory):
