@@ -14,8 +14,10 @@ class SearchHit(BaseModel):
 
     rank: int = Field(description="1-based rank")
     id: int = Field(description="stable image id")
-    score: float = Field(description="MaxSim score: sum over the m query tokens of the best cosine, in [-m, m] "
-                                       "(m = 15 for new CNN indexes, query_layout; else 10)")
+    score: float = Field(description="MaxSim score: sum over the query tokens of their best cosine, at most the "
+                                       "answer's max_score (the better framing's MaxSim over its m / 2 query "
+                                       "tokens on an index of two framings scored apart: 15 for new CNN "
+                                       "indexes; else all m: 10 for single-framing ones)")
     path: str | None = Field(description="path relative to the indexed folder")
     width: int | None = None
     height: int | None = None
@@ -46,6 +48,13 @@ class SearchResponse(BaseModel):
     k: int
     depth: int
     num_candidates: int = Field(description="images scored exactly with MaxSim")
+    max_score: float | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="the score of a perfect match (an identical image): the query's tokens per scored framing, "
+                    "m / 2 on an index of two framings with framing_score best (15 for new CNN indexes; 10 for "
+                    "/similar, which queries with the 20 stored tokens), else all m query tokens "
+                    "(regis.scores.framings.perfect_score). A result's similarity is score / max_score (1 for an "
+                    "identical image). Absent from an answer with no published index (no encoder config to read)")
     results: list[SearchHit]
     query: QueryTokens | None = Field(default=None, description="with explain=true: the query's tokens and the "
                                                                 "boxes of its ROI tokens (null otherwise)")

@@ -14,6 +14,7 @@ import numpy as np
 from regis.errors import ConfigError, ImageDecodeError
 from regis.indexes.snapshot import IndexSnapshot
 from regis.retrieve.searcher import MAX_K, Mode, Searcher
+from regis.scores.framings import perfect_score
 
 
 class SnapshotSearch:
@@ -63,7 +64,7 @@ class SnapshotSearch:
                                      candidates=candidates)
         else:
             result = searcher.search(tokens, k=want, depth=depth, mode=mode, nprobe=nprobe, candidates=candidates)
-        out = self._result_json(searcher, result, k, depth, mode)
+        out = self._result_json(searcher, result, k, depth, mode, len(tokens))
         return _page(out, offset, score_threshold)
 
     def search_tokens_batch(self, tokens: np.ndarray, k: int = 10, depth: int | None = None, mode: Mode = "ann",
@@ -92,12 +93,13 @@ class SnapshotSearch:
                                              threads=threads)
         else:
             results = [searcher.search(q, k=k, depth=depth, mode=mode, nprobe=nprobe) for q in tokens]
-        return [self._result_json(searcher, r, k, depth, mode) for r in results]
+        return [self._result_json(searcher, r, k, depth, mode, len(q)) for r, q in zip(results, tokens, strict=True)]
 
     @staticmethod
-    def _result_json(searcher: Searcher, result, k: int, depth: int | None, mode: Mode) -> dict:
+    def _result_json(searcher: Searcher, result, k: int, depth: int | None, mode: Mode, m: int) -> dict:
         records = searcher.snapshot.table.get_many(result.ids.tolist())
-        return result_json(result, records, searcher.snapshot.version, k, depth or searcher.default_depth, mode)
+        return result_json(result, records, searcher.snapshot.version, k, depth or searcher.default_depth, mode,
+                           perfect_score(m, searcher.framings))
 
     def search_id(self, image_id: int, **params) -> dict:
         """"More like this": ``search_tokens`` with the stored tokens of an indexed image (its float16 tokens, so
@@ -147,7 +149,7 @@ class SnapshotSearch:
         """Query by image bytes.
 
         Returns:
-            {"index_version", "mode", "k", "depth", "num_candidates", "results": [{"rank", "id", "score",
+            {"index_version", "mode", "k", "depth", "num_candidates", "max_score", "results": [{"rank", "id", "score",
             "path", "width", "height", "metadata"}], "timings_ms": {"decode", "encode", "candidates",
             "rerank", "total"}} (ms).
 
@@ -181,10 +183,12 @@ class SnapshotSearch:
         self.searcher.snapshot.close()
 
 
-def result_json(result, records: dict, version: int, k: int, depth: int | None, mode: Mode) -> dict:
+def result_json(result, records: dict, version: int, k: int, depth: int | None, mode: Mode,
+                max_score: float) -> dict:
     """The JSON-ready answer of a search (see ``QueryEngine.search_bytes``) from its ``SearchResult`` and the
     table rows of its ids ({id: ImageRecord}; a missing row gives null fields). ``depth``: the depth to report
-    when the result has none (the index default)."""
+    when the result has none (the index default); ``max_score``: the score of a perfect match
+    (``regis.scores.framings.perfect_score`` of the query's tokens and the index's framings scored apart)."""
     hits = []
     for rank, (image_id, score) in enumerate(zip(result.ids.tolist(), result.scores.tolist(), strict=True), 1):
         rec = records.get(image_id)
@@ -200,6 +204,7 @@ def result_json(result, records: dict, version: int, k: int, depth: int | None, 
         "k": k,
         "depth": result.depth or depth,
         "num_candidates": result.num_candidates,
+        "max_score": float(max_score),
         "results": hits,
         "timings_ms": dict(result.timings_ms),
     }

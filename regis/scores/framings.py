@@ -25,3 +25,24 @@ def framing_split(m: int, n: int, framings: int) -> tuple[int, int]:
         raise ConfigError(f"{m} query and {n} image tokens do not split into {framings} framings (equal blocks, "
                           "one per framing)")
     return m // framings, n // framings
+
+
+def perfect_score(m: int, framings: int) -> float:
+    """The MaxSim score of a perfect match (every query token's best cosine 1) for a query of ``m`` tokens:
+    the query's tokens per scored framing (``m / framings``; a "best" framing score keeps one framing's MaxSim),
+    or all ``m`` with one MaxSim (``framings`` 1: a single framing, or "union"). A result's similarity in [0, 1]
+    is its score over this (``SearchResponse.max_score``; METHODS.md section 1).
+
+    Args:
+        m: the query's token count.
+        framings: framings scored apart (``EncoderConfig.score_framings``).
+
+    Returns:
+        m // framings, as a float.
+
+    Raises:
+        ConfigError (a ValueError): m < 1, framings < 1, or m not a multiple of framings.
+    """
+    if m < 1 or framings < 1 or m % framings:
+        raise ConfigError(f"a query of {m} tokens does not split into {framings} framings scored apart")
+    return float(m // framings)

@@ -50,6 +50,7 @@ from regis.indexes.table import ImageRecord
 from regis.models.transforms import eval_transform
 from regis.retrieve.query import QueryEngine, _page, result_json
 from regis.retrieve.searcher import MAX_K, Mode
+from regis.scores.framings import perfect_score
 from regis.sharding.layout import CollectionState, read_state, shard_of
 from regis.sharding.search import ShardSearcher, merge_top_k
 
@@ -481,7 +482,7 @@ class ShardedQueryEngine(QueryEngine):
                  for s in range(state.num_shards)]
         parts, missing = self._gather(state, calls)
         return self._merged(state, [p for p in parts if p is not None], missing, k, depth, mode, offset,
-                            score_threshold)
+                            score_threshold, len(query))
 
     def _check(self, k: int, offset: int, where: dict | None) -> int:
         """k + offset, checked (and the filter's fields, over the whole collection: a shard may lack one).
@@ -517,14 +518,15 @@ class ShardedQueryEngine(QueryEngine):
         return parts, missing
 
     def _merged(self, state: CollectionState, parts: list, missing: list[int], k: int, depth: int | None,
-                mode: Mode, offset: int, score_threshold: float | None) -> dict:
-        """The answer of one query from its shards' results (``search_tokens``)."""
+                mode: Mode, offset: int, score_threshold: float | None, m: int) -> dict:
+        """The answer of one query of ``m`` tokens from its shards' results (``search_tokens``)."""
         merged = merge_top_k(parts, k + offset)
         records = {g: r for p in parts for g, r in (getattr(p, "records", None) or {}).items()}  # sent along
         ask = [int(g) for g in merged.ids.tolist() if int(g) not in records]
         if ask:
             records.update(self.snapshot.table.get_many(ask, state))
-        out = result_json(merged, records, state.version, k, depth or self.manifest.faiss.depth, mode)
+        out = result_json(merged, records, state.version, k, depth or self.manifest.faiss.depth, mode,
+                          perfect_score(m, self.manifest.encoder.score_framings))
         if missing:
             out.update(partial=True, missing_shards=missing)
         return _page(out, offset, score_threshold)
@@ -553,7 +555,7 @@ class ShardedQueryEngine(QueryEngine):
                  for s in range(state.num_shards)]
         parts, missing = self._gather(state, calls)
         return [self._merged(state, [p[b] for p in parts if p is not None], missing, k, depth, mode, offset,
-                             score_threshold) for b in range(len(queries))]
+                             score_threshold, queries.shape[1]) for b in range(len(queries))]
 
     def search_id(self, image_id: int, **params) -> dict:
         """"More like this" with the stored tokens of image ``image_id`` (asked of its shard).
