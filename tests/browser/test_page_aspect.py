@@ -199,7 +199,8 @@ def test_a_best_framing_explanation_draws_only_the_winning_framing(browser, aspe
     framing's query tokens contribute 0 (``explanation.framing`` names the winner). The explanation draws and lists
     the winning framing's tokens only and says in words which framing won, with both framings' scores. The same
     answer without ``framing`` (as an index of one framing, or two scored together, "union", answers) draws every
-    token, as before."""
+    token, as before. The query is the indexed file itself: the page calls it near-identical (>= 95 %: its score
+    over the answer's ``max_score``, 15)."""
     from regis.indexes.snapshot import IndexSnapshot
 
     folder = aspect_index[1]
@@ -214,6 +215,13 @@ def test_a_best_framing_explanation_draws_only_the_winning_framing(browser, aspe
             found = _explain_first(page, folder / "coffee-panorama.png", "coffee-panorama.png")
             tokens = found["query"]["tokens"]
             ex = found["results"][0]["explanation"]
+            # the query is the indexed file itself: near-identical, its similarity the score over a perfect
+            # match's (max_score: one framing's 15 query tokens), not over the 30 query tokens (~48 % before)
+            assert found["max_score"] == 15.0 and found["results"][0]["score"] > 0.95 * 15
+            shown = [page.inner_text("#results .tile .sim").strip(), page.inner_text("#detailScore")]
+            assert int(shown[0].rstrip("%")) >= 95 and shown[1].startswith("#1, "), shown
+            assert int(shown[1].removeprefix("#1, ").split("%")[0]) >= 95, shown
+            assert page.inner_text("#verdict").startswith("Near-identical"), page.inner_text("#verdict")
             won, lost = ex["framing"], ({"crop", "whole"} - {ex["framing"]}).pop()
             mine = [t["index"] for t in tokens if t["name"].startswith(f"{won}-")]
             assert len(tokens) == 30 and len(mine) == 15
@@ -235,8 +243,10 @@ def test_a_best_framing_explanation_draws_only_the_winning_framing(browser, aspe
             assert sorted(rows) == mine  # the table lists the winning framing's tokens only
             page.click("#detailClose")
 
-            # the same answer without "framing" (the JSON of a "union" index): every token drawn and listed
+            # the same answer without "framing" (the JSON of a "union" index): every token drawn and listed; without
+            # max_score (an older server) the similarity falls back to the score over the query's tokens
             plain = copy.deepcopy(found)
+            plain.pop("max_score")
             for hit in plain["results"]:
                 hit["explanation"].pop("framing")
                 hit["explanation"].pop("framing_scores")
@@ -246,5 +256,6 @@ def test_a_best_framing_explanation_draws_only_the_winning_framing(browser, aspe
             assert _drawn_tokens(page, "#rSvg") == sorted(on_result)
             assert page.locator("#framing").count() == 0
             assert page.locator("#matchRows tr").count() == 30
+            assert page.get_attribute("#detailScore", "title").endswith(" of 30")
         finally:
             page.close()
