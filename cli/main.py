@@ -127,7 +127,8 @@ def search(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Search an index or collection with a query image (or an indexed image's id); prints rank, score, id and
-    path, and on stderr where the time went (load: imports, index and encoder; decode; encode; search).
+    path, and on stderr a perfect match's score (max_score: an identical image scores close to it) and where the
+    time went (load: imports, index and encoder; decode; encode; search).
 
     On the CPU the query is encoded without torch when the index's encoder has a query bundle on disk
     (``regis.models.query_bundle``: the backbone as ONNX, the readout in numpy; same tokens to float32
@@ -176,7 +177,8 @@ def search(
         typer.echo(f"{hit['rank']:4d}  {hit['score']:8.4f}  id={hit['id']:<8d} {hit['path']}")
     t = result["timings_ms"]
     typer.echo(
-        f"version {result['index_version']}, {result['num_candidates']} candidates; ms: load {t['load']:.0f} "
+        f"version {result['index_version']}, {result['num_candidates']} candidates, a perfect match scores "
+        f"{result['max_score']:g}; ms: load {t['load']:.0f} "
         f"(imports, index, {encoder_name} encoder), decode {t['decode']:.1f}, encode {t['encode']:.1f}, search "
         f"{t['candidates'] + t['rerank']:.1f} (candidates {t['candidates']:.1f}, rerank {t['rerank']:.1f})",
         err=True,

@@ -39,6 +39,10 @@ def test_search_prints_ranked_results(cli_index, photos_dir, cli):
     assert len(lines) == 3 and lines[0].split()[0] == "1" and lines[0].endswith("skimage-coffee.png")
     as_json = json.loads(cli("search", cli_index, photos_dir / "skimage-coffee.png", "--json", "--exact").stdout)
     assert as_json["mode"] == "exact" and as_json["results"][0]["path"] == "skimage-coffee.png"
+    # the score of a perfect match: all 10 query tokens (a ViT: one framing, no cue tokens), said on stderr and in
+    # the JSON; the indexed image queried with itself reaches it (float16 storage aside)
+    assert as_json["max_score"] == 10.0 and "a perfect match scores 10;" in out.stderr
+    assert as_json["results"][0]["score"] / as_json["max_score"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_errors_name_the_file_and_exit_2_for_usage_1_for_failures(cli_index, tmp_path, cli):
