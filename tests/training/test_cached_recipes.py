@@ -18,7 +18,8 @@ def _cache(n_per_class: int = 12, classes: int = 3, views: int = 2, m: int = 15,
 
 
 def _distance(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    return float(sum(((p - q) ** 2).sum() for p, q in zip(a.parameters(), b.parameters(), strict=True)))
+    with torch.no_grad():
+        return float(sum(((p - q) ** 2).sum() for p, q in zip(a.parameters(), b.parameters(), strict=True)))
 
 
 def test_interpolate_mixes_parameters_linearly():
