@@ -15,6 +15,7 @@ always in eval mode; its affine parameters train).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
@@ -127,14 +128,13 @@ def cached_tail(config: dict) -> dict:
 @torch.no_grad()
 def tail_tokens(cache, tail: TailReadout, batch: int = 128):
     """The ``InstanceCache`` of tokens (float16, as ``features.encode_tokens`` caches them) read from ``cache``'s
-    pre-tail activations through ``tail`` (the frozen arm of a comparison trains on these)."""
-    from training.photos.features import InstanceCache
+    pre-tail activations through ``tail`` (the frozen arm of a comparison trains on these); the other fields
+    are ``cache``'s."""
 
     def run(x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, *x.shape[-2:])
         out = torch.cat([tail(flat[i : i + batch]).to(torch.float16) for i in range(0, len(flat), batch)])
         return out.reshape(*x.shape[:-2], *out.shape[1:])
 
-    return InstanceCache(clean=run(cache.clean), views=run(cache.views), photo=cache.photo, box=cache.box,
-                         view_box=cache.view_box, photos=cache.photos,
-                         config={**cache.config, "tokens_from_tail": tail.stages})
+    return dataclasses.replace(cache, clean=run(cache.clean), views=run(cache.views),
+                               config={**cache.config, "tokens_from_tail": tail.stages})
