@@ -70,6 +70,9 @@ def train_head_cmd(
     regions: Annotated[int, typer.Option("--regions", help="Random regions per scene photo (+ the whole photo).")]
     = 4,
     seed: Annotated[int, typer.Option("--seed", help="Batch, initialisation and cache seed.")] = 0,
+    cache_seed: Annotated[int | None, typer.Option("--cache-seed", help="Seed of the train/val caches' regions and "
+                                                   "edits, when it differs from --seed (another training seed on "
+                                                   "the same caches). Default: --seed.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
     stop_at_step: Annotated[int | None, typer.Option("--stop-at-step", help="Checkpoint and stop here.")] = None,
     tail_stages: Annotated[int, typer.Option("--tail-stages", help="Also train the backbone's last N stages "
@@ -94,8 +97,9 @@ def train_head_cmd(
     cache = cache or DEFAULT_CACHE
     corpus = _corpus(corpus, cache)
     encoder = build_encoder(BASE_BACKBONE)
-    train = _instances(encoder, corpus, cache, "train", seed, views, regions, not quiet, tail_stages)
-    val = _instances(encoder, corpus, cache, "val", seed + 1, views, regions, not quiet, tail_stages)
+    cache_seed = seed if cache_seed is None else cache_seed
+    train = _instances(encoder, corpus, cache, "train", cache_seed, views, regions, not quiet, tail_stages)
+    val = _instances(encoder, corpus, cache, "val", cache_seed + 1, views, regions, not quiet, tail_stages)
     config = HeadTrainConfig(out_dim=dim, hidden=hidden, steps=steps, batch_photos=batch_photos,
                              per_photo=per_photo, lr=lr, tau=tau, koleo_weight=koleo, seed=seed, eval_every=100,
                              checkpoint_every=100, tail_stages=tail_stages, tail_lr=tail_lr, tail_l2sp=tail_l2sp)

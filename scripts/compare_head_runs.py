@@ -10,6 +10,9 @@ and summaries are copied into the JSON.
     PYTHONPATH=$PWD python scripts/compare_head_runs.py --corpus /work/cache/photos --cache /work/cache/i22 \\
         --tail-stages 1 --json docs/results/trained_head/unfreeze_val.json \\
         frozen=/work/cache/i22/runs/frozen tail1=/work/cache/i22/runs/tail1
+
+A second training seed on the same caches (``regis train head --seed 1 --cache-seed 0``), pooled with the first:
+``... frozen-s1=RUN tail2-s1=RUN frozen=RUN tail2=RUN --pool tail2=frozen,tail2-s1=frozen-s1``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the runs' seed (the validation cache's is seed + 1)")
     ap.add_argument("--views", type=int, default=4)
     ap.add_argument("--regions", type=int, default=4)
+    ap.add_argument("--pool", default="",
+                    help="NAME=BASE,NAME=BASE,...: one difference pooled over these pairs (e.g. one per training "
+                         "seed), a paired bootstrap over the validation photos with each photo's views of every "
+                         "pair resampled together")
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
 
@@ -72,11 +79,21 @@ def main() -> None:
         if name != base:
             d, lo, hi = paired_bootstrap(hits[name], hits[base], photo_of_view)
             results[name]["minus_" + base] = {"mean": d, "low95": lo, "high95": hi}
+    pooled = None
+    if args.pool:
+        pairs = [p.partition("=")[::2] for p in args.pool.split(",")]
+        unknown = sorted({n for pair in pairs for n in pair} - hits.keys())
+        if unknown:
+            raise SystemExit(f"--pool names runs that are not given: {unknown}")
+        d, lo, hi = paired_bootstrap(np.concatenate([hits[n] for n, _ in pairs]),
+                                     np.concatenate([hits[b] for _, b in pairs]),
+                                     np.concatenate([photo_of_view] * len(pairs)))
+        pooled = {"pairs": [f"{n} - {b}" for n, b in pairs], "mean": d, "low95": lo, "high95": hi}
     report = {
         "command": "PYTHONPATH=$PWD python scripts/compare_head_runs.py " + " ".join(os.sys.argv[1:]),
         "validation": {"views": len(photo_of_view), "photos": int(len(np.unique(photo_of_view))),
                        "instances": int(len(val.photo)), "cache": val.config},
-        "runs": results, "machine": platform.machine(), "torch": torch.__version__,
+        "runs": results, "pooled": pooled, "machine": platform.machine(), "torch": torch.__version__,
         "load_before": load_before, "load_after": os.getloadavg(), "seconds": round(time.perf_counter() - t0, 1),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +102,9 @@ def main() -> None:
         diff = r.get("minus_" + base)
         extra = f"  {name} - {base}: {diff['mean']:+.3f} [{diff['low95']:+.3f}, {diff['high95']:+.3f}]" if diff else ""
         print(f"{name}: val R@1 {r['val_r1']:.3f}{extra}")
+    if pooled:
+        print(f"pooled {', '.join(pooled['pairs'])}: {pooled['mean']:+.3f} [{pooled['low95']:+.3f}, "
+              f"{pooled['high95']:+.3f}]")
 
 
 if __name__ == "__main__":

@@ -76,3 +76,23 @@ def test_the_recipes_list_the_shared_options_around_their_own_in_a_fixed_order()
         assert [p.name for p in train.commands[name].params] == head + middle + tail, name
     with pytest.raises(TypeError, match="'seed'"):
         _recipe_command(lambda token_set="x", head_lr=1.0, eval_batch_size=1, **shared: None)
+
+
+def test_train_head_cache_seed_keeps_the_caches_and_changes_only_the_training_seed(tmp_path, monkeypatch):
+    """--seed 1 --cache-seed 0 reads seed 0's train (cache seeds 0, 1) and validation (10, 11) caches and trains
+    with seed 1; without --cache-seed the caches follow --seed (issue 22's second training seed)."""
+    import cli.train_head as th
+    import regis.models.encoder as enc
+    import training.photos.train as tr
+
+    calls, configs = [], []
+    monkeypatch.setattr(th, "_corpus", lambda corpus, cache: tmp_path)
+    monkeypatch.setattr(enc, "build_encoder", lambda name: None)
+    monkeypatch.setattr(th, "_instances", lambda encoder, corpus, cache, split, seed, *a: calls.append((split, seed)))
+    monkeypatch.setattr(tr, "train_head", lambda train, val, out, config, **kw: configs.append(config) or {})
+    runner = CliRunner()
+    base = ["train", "head", "--out", str(tmp_path / "run"), "--cache", str(tmp_path), "--seed", "1", "--quiet"]
+    assert runner.invoke(app, base + ["--cache-seed", "0"]).exit_code == 0
+    assert runner.invoke(app, base).exit_code == 0
+    assert calls == [("train", 0), ("val", 1), ("train", 1), ("val", 2)]
+    assert [c.seed for c in configs] == [1, 1]
