@@ -152,3 +152,14 @@ def dir_bytes(path: Path) -> int:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
+
+
+def print_json(out: dict, path: str | Path | None = None) -> str:
+    """Print a benchmark's result ``out`` as indented JSON (numpy numbers as floats) and, with ``path``, write
+    the same text there too (its folder created). Returns the text."""
+    text = json.dumps(out, indent=1, default=float)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)
+    return text

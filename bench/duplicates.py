@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import machine_info
+from bench.common import machine_info, print_json
 
 
 def real_tokens(index: Path) -> np.ndarray:
@@ -297,11 +296,7 @@ def main() -> None:
         out["estimate"] = estimate(full, measured, args.n, args.target_n)
         print(f"{args.target_n} images: {out['estimate']['total_min']:.1f} min ({out['estimate']['what']})",
               file=sys.stderr)
-    text = json.dumps(out, indent=1, default=float)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    print_json(out, args.json)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Usage (the script runs against whichever ``regis`` is on ``PYTHONPATH``)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
@@ -30,6 +29,8 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+
+from bench.common import print_json
 
 
 def rchar() -> int:
@@ -133,11 +134,7 @@ def main() -> None:
            "alloc_peak_mb": peak / 1e6, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
            "wall_s": wall, "stages_ms": {k: v for k, v in stats.items() if k.endswith("_ms")},
            "compared_with": same, "loadavg_at_start": load0, "loadavg_at_end": os.getloadavg()}
-    text = json.dumps(out, indent=1, default=float)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    print_json(out, args.json)
 
 
 if __name__ == "__main__":

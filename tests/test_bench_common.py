@@ -18,3 +18,16 @@ def test_dir_bytes_counts_each_file_once(tmp_path):
     assert dir_bytes(tmp_path) == 1024
     assert dir_bytes(tmp_path / "a") == 1000
     assert dir_bytes(tmp_path / "empty-missing") == 0
+
+
+def test_print_json_prints_and_writes_the_same_text(tmp_path, capsys):
+    import numpy as np
+
+    from bench.common import print_json
+
+    out = {"pairs": 3, "score": np.float32(0.5)}
+    text = print_json(out, tmp_path / "new" / "r.json")
+    assert (tmp_path / "new" / "r.json").read_text() == text + "\n" == capsys.readouterr().out
+    assert '"score": 0.5' in text
+    print_json(out)  # no path: printed only
+    assert capsys.readouterr().out == text + "\n"
