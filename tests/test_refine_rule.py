@@ -1,6 +1,6 @@
 """The compressed store's refine rule (issue 24): the candidates re-scored exactly on float16 are
 max(refine x k, refine_share x candidates), so they follow the candidate count as the collection grows; new
-indexes record refine 8 and share 0.4, an index written before the share was recorded keeps re-scoring refine x k
+indexes record refine 16 and share 0.4, an index written before the share was recorded keeps re-scoring refine x k
 (share 0.0), also after it grows. Small random tokens, so that a query has several hundred candidates."""
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def _rows_rescored(searcher: Searcher, query: np.ndarray) -> tuple[int, int]:
 def test_new_index_rescores_a_share_of_its_candidates(tmp_path):
     m = _add(tmp_path / "idx", _tokens(N, 0))
     assert m.token_store.spec == "SQ4"
-    assert (m.token_store.refine, m.token_store.refine_share) == (8, token_codes.DEFAULT_REFINE_SHARE) == (8, 0.4)
+    assert (m.token_store.refine, m.token_store.refine_share) == (16, token_codes.DEFAULT_REFINE_SHARE) == (16, 0.4)
     snap = IndexSnapshot.open(tmp_path / "idx")
     query = _tokens(1, 1)[0]
     rows, cands = _rows_rescored(Searcher(snap), query)
-    assert cands > 300  # so that 0.4 x candidates is above refine x k = 80
-    assert rows == int(np.ceil(0.4 * cands)) > 80
-    assert _rows_rescored(Searcher(snap, refine_share=0.0), query)[0] == 80  # the rule before the share
-    assert Searcher(snap).refine_rows(10, 100) == 80  # few candidates: refine x k still the floor
+    assert cands > 400  # so that 0.4 x candidates is above refine x k = 160
+    assert rows == int(np.ceil(0.4 * cands)) > 160
+    assert _rows_rescored(Searcher(snap, refine_share=0.0), query)[0] == 160  # the rule before the share
+    assert Searcher(snap).refine_rows(10, 100) == 160  # few candidates: refine x k still the floor
     ann, exact = Searcher(snap).search(query, k=10), Searcher(snap).search(query, k=10, mode="exact")
     np.testing.assert_allclose(ann.scores, Searcher(snap).rerank(query, ann.ids), rtol=1e-6)  # exact scores
     assert len(np.intersect1d(ann.ids, exact.ids)) >= 9
@@ -84,6 +84,20 @@ def test_an_index_written_before_the_share_keeps_its_rule_as_it_grows(tmp_path):
     m = _add(path, _tokens(200, 2))  # a new version of the same index
     assert (m.token_store.refine, m.token_store.refine_share) == (4, 0.0) and m.num_images == N + 200
 
+
+
+def test_an_index_written_with_refine_8_keeps_it_as_it_grows(tmp_path):
+    path = tmp_path / "refine8"
+    _add(path, _tokens(N, 0))
+    version = path / "versions" / IndexSnapshot.open(path).name
+    raw = json.loads((version / MANIFEST_FILE).read_text())
+    raw["token_store"]["refine"] = 8  # as an index written while the default was 8
+    (version / MANIFEST_FILE).write_text(json.dumps(raw))
+    snap = IndexSnapshot.open(path)
+    assert Searcher(snap).refine_rows(10, 100) == 80
+    snap.close()
+    m = _add(path, _tokens(200, 2))
+    assert (m.token_store.refine, m.token_store.refine_share) == (8, 0.4) and m.num_images == N + 200
 
 def test_sq4_scores_on_the_codes_equal_maxsim_of_the_decoded_tokens(tmp_path):
     _add(tmp_path / "idx", _tokens(N, 0))

@@ -59,7 +59,7 @@ def new_codec(spec: str, dim: int):
 
 PQ_ALIAS = "pq"  # random rotation + PQ with D/4 bytes per token (slow to train: minutes at 100k images)
 DEFAULT_STORE = "SQ4"  # the token store of new indexes (``default_store``)
-DEFAULT_REFINE = 8  # new compressed stores: candidates re-scored on float16 >= refine x k (``default_store``)
+DEFAULT_REFINE = 16  # new compressed stores: candidates re-scored on float16 >= refine x k (``default_store``)
 # ... and >= this share of the query's candidates (``default_store``): the rows follow the candidate count
 DEFAULT_REFINE_SHARE = 0.4
 
@@ -68,19 +68,21 @@ def default_store(dim: int) -> str:
     """The token store regis gives a new index of ``dim``-d tokens: ``SQ4``, a 4-bit scalar quantiser (D / 2
     bytes per token, trained in seconds on any number of tokens), used to rank the candidates, whose best
     ``max(refine x k, refine_share x candidates)`` are then re-scored exactly on the float16 segments
-    (``regis.retrieve.searcher``; ``refine`` = ``DEFAULT_REFINE`` = 8 and ``refine_share`` =
+    (``regis.retrieve.searcher``; ``refine`` = ``DEFAULT_REFINE`` = 16 and ``refine_share`` =
     ``DEFAULT_REFINE_SHARE`` = 0.4, recorded in the manifest). An index keeps the store and refine rule it was
-    written with (a float16 index written before stays float16). Refine 8 rather than 4: on clustered real-photo
-    tokens (~120 close images per photo, ``tests/perf/test_compact_store.py``) SQ4's ordering put some of the
-    exact top 10 below the 40th candidate (recall@10 0.971), below the 80th none (1.000). The share: at a million
-    images a query has ~860 candidates and SQ4's ordering of so many close images put some of the exact top 10
-    below the 80th (recall@10 0.967), below the 320th almost none (0.994; BENCHMARKS.md section 9); at 100k
-    (~100 first-round candidates) 0.4 x candidates is under 80 for most queries: p50 as with refine 8 alone.
+    written with (a float16 index written before stays float16; one written with refine 8 keeps 8). Refine >= 8: on
+    clustered real-photo tokens (~120 close images per photo, ``tests/perf/test_compact_store.py``) SQ4's ordering
+    put some of the exact top 10 below the 40th candidate (recall@10 0.971), below the 80th none (1.000). The share:
+    at a million images a query has ~860 candidates and SQ4's ordering of so many close images put some of the exact
+    top 10 below the 80th (recall@10 0.967), below the 320th almost none (0.994). Refine 16: at 1M the first round
+    (~176 candidates) re-scored max(80, 0.4 x 176) = 80 rows; 160 raise recall@10 from 0.984 to 0.994 for ~2 ms of
+    p50 (18.5 ms), with no loss at 100k (0.9993) and 300k (0.993 -> 0.995), p50 warm unchanged there
+    (BENCHMARKS.md section 9). More rows re-scored exactly cannot lower recall: the re-scored set only grows.
 
     Why (BENCHMARKS.md section 9): at a million images of 256-d tokens the float16 tokens (5 KB per image) cannot
-    stay resident within 4 KB per image, and need not: the re-scoring reads 80 rows per query from disk (``python
-    -m bench.million``: at 10k-100k images p50 was the same with those rows evicted from the page cache as warm,
-    and recall@10 >= 0.998). SQ8 codes (D bytes per token) would not fit beside SQ8 FAISS codes at 256-d; SQ4
+    stay resident within 4 KB per image, and need not: the re-scoring reads its rows from disk (``python -m
+    bench.million``: at 10k-100k images, 80 rows per query, p50 was the same with those rows evicted from the page
+    cache as warm, and recall@10 >= 0.998). SQ8 codes (D bytes per token) would not fit beside SQ8 FAISS codes at 256-d; SQ4
     against SQ8 or float16 ranking was not compared at scale, only on the test's clustered photos.
     """
     return DEFAULT_STORE

@@ -98,7 +98,7 @@ def test_new_index_is_compact_and_ranks_like_exact_maxsim(tmp_path, corpus):
     spec = f"IVF512,{faiss_index.default_codec(d)}"
     assert m.faiss.spec == spec and m.faiss.depth == faiss_index.default_depth(spec)
     assert m.token_store.spec == token_codes.default_store(d) == "SQ4" and m.token_store.code_size == d // 2
-    assert m.token_store.refine == token_codes.DEFAULT_REFINE == 8  # the best 80 re-scored on float16
+    assert m.token_store.refine == token_codes.DEFAULT_REFINE == 16  # at least the best 160 re-scored on float16
     snap = IndexSnapshot.open(tmp_path / "idx")
     searcher = Searcher(snap)
     hits = 0
