@@ -193,6 +193,9 @@ def test_another_encoder_is_refused(tiny_index, photos):
     shifted = build_encoder("vit-tiny-reg4-test", random_init=True, border="shift")  # the same weights
     with pytest.raises(IndexMismatchError, match="they differ in border 'clip' vs 'shift' \\(index vs encoder\\)"):
         build(photos, tiny_index, shifted)
+    both = build_encoder("vit-tiny-reg4-test", random_init=True, seed=1, border="shift")  # each named
+    with pytest.raises(IndexMismatchError, match="they differ in border 'clip' vs 'shift', the weights \\(index"):
+        build(photos, tiny_index, both)
     with pytest.raises(IndexMismatchError):
         QueryEngine(other, IndexSnapshot.open(tiny_index))
 

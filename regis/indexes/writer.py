@@ -159,8 +159,10 @@ class IndexWriter:
         base_dir = self.dir / VERSIONS_DIR / base_name if base_name else None
         if self.base is not None:
             if self.base.encoder != encoder or self.base.weights.sha256 != weights.sha256:
-                differing = ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in
-                                      self.base.encoder.differences(encoder).items()) or "the weights"
+                differing = [f"{k} {a!r} vs {b!r}" for k, (a, b) in self.base.encoder.differences(encoder).items()]
+                if self.base.weights.sha256 != weights.sha256:  # named too when the config differs as well
+                    differing.append("the weights")
+                differing = ", ".join(differing)
                 raise IndexMismatchError(
                     f"the index in {self.dir} was built with encoder {self.base.encoder.backbone} "
                     f"(weights {self.base.weights.source}, sha256 {self.base.weights.sha256[:12]}, "
