@@ -82,8 +82,8 @@ def default_store(dim: int) -> str:
     Why (BENCHMARKS.md section 9): at a million images of 256-d tokens the float16 tokens (5 KB per image) cannot
     stay resident within 4 KB per image, and need not: the re-scoring reads its rows from disk (``python -m
     bench.million``: at 10k-100k images, 80 rows per query, p50 was the same with those rows evicted from the page
-    cache as warm, and recall@10 >= 0.998). SQ8 codes (D bytes per token) would not fit beside SQ8 FAISS codes at 256-d; SQ4
-    against SQ8 or float16 ranking was not compared at scale, only on the test's clustered photos.
+    cache as warm, and recall@10 >= 0.998). SQ8 codes (D bytes per token) would not fit beside SQ8 FAISS codes at
+    256-d; SQ4 against SQ8 or float16 ranking was not compared at scale, only on the test's clustered photos.
     """
     return DEFAULT_STORE
 
