@@ -85,7 +85,6 @@ def test_an_index_written_before_the_share_keeps_its_rule_as_it_grows(tmp_path):
     assert (m.token_store.refine, m.token_store.refine_share) == (4, 0.0) and m.num_images == N + 200
 
 
-
 def test_an_index_written_with_refine_8_keeps_it_as_it_grows(tmp_path):
     path = tmp_path / "refine8"
     _add(path, _tokens(N, 0))
@@ -98,6 +97,7 @@ def test_an_index_written_with_refine_8_keeps_it_as_it_grows(tmp_path):
     snap.close()
     m = _add(path, _tokens(200, 2))
     assert (m.token_store.refine, m.token_store.refine_share) == (8, 0.4) and m.num_images == N + 200
+
 
 def test_sq4_scores_on_the_codes_equal_maxsim_of_the_decoded_tokens(tmp_path):
     _add(tmp_path / "idx", _tokens(N, 0))
