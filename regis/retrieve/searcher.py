@@ -80,7 +80,8 @@ class Searcher:
         use_codes: rerank on the compressed token store when the index has one (False: float16 only).
         refine: compressed store: at least refine x k candidates are re-scored exactly on float16; 0 ranks on
             the decoded codes alone (no float16 read; scores are then approximate); None: the manifest's
-            (``TokenStoreInfo.refine``: 16 for new indexes, 4 for those written before it was recorded).
+            (``TokenStoreInfo.refine``: 16 for new indexes, 8 for those written while 8 was the default, 4 for
+            those written before it was recorded).
         refine_share: compressed store: and at least this share (0..1) of the query's candidates
             (``refine_rows``); None: the manifest's (``TokenStoreInfo.refine_share``: 0.4 for new indexes, 0.0
             for those written before it was recorded). Ignored when refine is 0.
