@@ -3,8 +3,9 @@
 their own aspect ratio, the relevance cut and its slider, the full-size viewer and its keys, plain words on the
 surface and the token table behind "details", a weak result's explanation).
 
-Set ``REGIS_SCREENSHOT_DIR`` to also save every screenshot there (the README's docs/img/results.png and
-explain.png come from ``REGIS_SCREENSHOT_DIR=DIR pytest tests/browser/test_page.py``).
+The page's index is built as a new index is by default (the default backbone, both framings scored apart), so the
+screenshots show what a new user sees. Set ``REGIS_SCREENSHOT_DIR`` to also save every screenshot there (the README's
+docs/img/results.png and explain.png come from ``REGIS_SCREENSHOT_DIR=DIR pytest tests/browser/test_page.py``).
 """
 
 from __future__ import annotations
@@ -65,9 +66,22 @@ def _serve(args: list[str], log: Path, env: dict | None = None):
 
 
 @pytest.fixture(scope="module")
-def server(lite0_index, tmp_path_factory):
-    """``regis serve`` over the photos' index; stopped after the module."""
-    with _serve(["--index", str(lite0_index)], tmp_path_factory.mktemp("serve") / "serve.log") as url:
+def default_index(photos_dir, tmp_path_factory) -> Path:
+    """The photos indexed as a new index is by default (``regis.index_encoder.encoder_for`` without options: the
+    default backbone, both framings scored apart, "center-crop+aspect" / "best"; ~1.2 s)."""
+    from conftest import build
+    from regis.index_encoder import encoder_for
+
+    index = tmp_path_factory.mktemp("default-index")
+    build(photos_dir, index, encoder_for(None, None, None, False, None, None, "cpu"))
+    return index
+
+
+@pytest.fixture(scope="module")
+def server(default_index, tmp_path_factory):
+    """``regis serve`` over the photos' default index (what a new user's index looks like); stopped after the
+    module."""
+    with _serve(["--index", str(default_index)], tmp_path_factory.mktemp("serve") / "serve.log") as url:
         yield url
 
 
@@ -105,7 +119,10 @@ def _assert_plain_words(page, selector: str) -> None:
         assert word not in text, (word, text)
 
 
-def test_search_viewer_relevance_cut_explanation_and_errors(browser, server, query_file, tmp_path):
+def test_search_viewer_relevance_cut_explanation_and_errors(browser, server, default_index, query_file, tmp_path):
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.models.geometry import image_grids
+
     page = browser.new_page(viewport={"width": 1200, "height": 1000})
     try:
         page.goto(server)
@@ -162,17 +179,23 @@ def test_search_viewer_relevance_cut_explanation_and_errors(browser, server, que
         page.wait_for_function("document.getElementById('rImg').complete && document.getElementById('qImg').complete")
         assert page.text_content("#verdict").startswith(("Near-identical", "Good match"))
         assert page.locator("#summary li.whole").count() == 1 and page.locator("#summary li.region").count() == 3
-        assert page.locator("#qSvg rect.box").count() == 5  # the query's 5 regions
+        # two framings scored apart: the words say which won; only its 5 regions of the query are drawn
+        won = "whole" if page.inner_text("#framing").startswith("Scored on the whole image: ") else "crop"
+        assert won == "whole" or page.inner_text("#framing").startswith("Scored on the centre crop: ")
+        assert page.locator("#qSvg rect.box").count() == 5  # the query's 5 regions (of the winning framing)
         assert page.locator("#rSvg rect.box").count() >= 1
         assert not page.locator("table.matches").is_visible()
         _assert_plain_words(page, "#detail")
         _screenshot(page.locator("#detail"), tmp_path / "explain.png")
         page.click("#tokenDetails summary")
         assert page.locator("table.matches").is_visible()
-        assert page.locator("#matchRows tr").count() == 15  # the query's 15 tokens (query_layout)
+        assert page.locator("#matchRows tr").count() == 15  # the winning framing's 15 query tokens (query_layout)
         page.locator("#matchRows tr").nth(5).locator("button.heat").click()
         page.wait_for_selector("#rSvg g.heatmap rect")
-        assert page.locator("#rSvg g.heatmap rect").count() == 25  # the 160 px ROI pass's 5 x 5 patches
+        # the 160 px ROI pass's patches: the centre crop's 5 x 5, or the whole cat photo's own grid (451 x 300)
+        rows, cols = image_grids(IndexSnapshot.open(default_index).manifest.encoder, 451, 300)[1] if won == "whole" \
+            else (5, 5)
+        assert page.locator("#rSvg g.heatmap rect").count() == rows * cols
         _screenshot(page.locator("#detail .pair"), tmp_path / "explain-heatmap.png")
         page.click("#detailClose")
 
@@ -181,7 +204,8 @@ def test_search_viewer_relevance_cut_explanation_and_errors(browser, server, que
         page.wait_for_selector("#detail[open]")
         assert page.text_content("#verdict").startswith("Weak match")
         assert page.locator("#summary li.whole").count() == 1 and page.locator("#summary li.region").count() == 3
-        assert all("% similar" in t for t in page.locator("#summary li").all_text_contents())
+        assert page.inner_text("#framing").startswith("Scored on ")  # two framings: the one it was scored on
+        assert all("% similar" in t for t in page.locator("#summary li.whole, #summary li.region").all_text_contents())
         _assert_plain_words(page, "#detail")
         _screenshot(page.locator("#detail"), tmp_path / "explain-weak.png")
 
