@@ -4,7 +4,10 @@ head on tiny cached activations lower the loss."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import safetensors.torch
 import torch
 
 from regis.errors import ConfigError
@@ -86,3 +89,32 @@ def test_a_few_steps_of_tail_and_head_lower_the_loss(tmp_path, encoder):
                                                      abs=0.1)
     with pytest.raises(ConfigError, match="tail_stages"):
         train_head(train, val, tmp_path / "bad", config.model_copy(update={"tail_stages": 0}), progress=False)
+
+
+def test_a_failed_tail_write_leaves_no_partial_tail_file(tmp_path, encoder, monkeypatch):
+    """Fault injected in the tail's safetensors write (half the file written, then an error): no
+    ``tail.safetensors`` is left, and resuming the run writes a whole one."""
+    train = _cache(encoder, 4, 2, 2, 0)
+    config = HeadTrainConfig(out_dim=16, steps=1, batch_photos=4, per_photo=2, lr=1e-2, warmup_steps=0,
+                             eval_every=0, log_every=1, checkpoint_every=1, tau=0.1, koleo_weight=0.0,
+                             ema_decay=0.0, tail_stages=1, tail_lr=1e-3)
+    grids = cached_tail(train.config)["grids"]
+    real = safetensors.torch.save_file
+
+    def half_then_fail(tensors, filename, metadata=None):
+        real(tensors, filename, metadata=metadata)
+        if Path(filename).name.startswith("tail."):  # the tail's write (the head's goes through head.*)
+            data = Path(filename).read_bytes()
+            Path(filename).write_bytes(data[: len(data) // 2])
+            raise OSError("injected: disk full while writing the tail")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", half_then_fail)
+    run = tmp_path / "run"
+    with pytest.raises(OSError, match="injected"):
+        train_head(train, None, run, config, progress=False, tail=TailReadout(encoder, 1, grids))
+    assert not (run / "tail.safetensors").exists()
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    tail = TailReadout(encoder, 1, grids)
+    train_head(train, None, run, config, progress=False, tail=tail, resume=True)
+    saved = safetensors.torch.load_file(str(run / "tail.safetensors"))
+    assert saved.keys() == tail.tail.state_dict().keys()

@@ -286,8 +286,9 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
     if tail is not None:  # the trained tail (not loadable by regis's encoders yet: an experiment's output)
         from safetensors.torch import save_file
 
-        save_file({k: v.contiguous() for k, v in ema.module.tail.tail.state_dict().items()},
-                  str(out / "tail.safetensors"))
+        tmp = out / "tail.tmp"  # written, then renamed (as save_head and _checkpoint do): never a half-written file
+        save_file({k: v.contiguous() for k, v in ema.module.tail.tail.state_dict().items()}, str(tmp))
+        tmp.replace(out / "tail.safetensors")
     vals = [r["val_r1"] for r in read_metrics(out) if "val_r1" in r]
     summary = {"steps": step, "seconds": round(seconds, 1), "val_r1_final": vals[-1] if vals else None,
                "val_r1_best": max(vals) if vals else None, "head_sha256": sha, "head_bytes":
