@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,24 +141,27 @@ def decode_image(
 
 def _decode(data: bytes, max_pixels: int, draft_size: int | None) -> DecodedImage:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            width, height = img.size
-            if width * height > max_pixels:
-                raise ImageTooLargeError(
-                    f"image is {width} x {height} = {width * height:,} pixels, over the limit of {max_pixels:,}"
-                )
-            fmt = img.format or "unknown"
-            if draft_size and fmt == "JPEG":
-                img.draft("RGB", (draft_size, draft_size))
-            if img.getexif().get(_EXIF_ORIENTATION, 1) in _TRANSPOSING_ORIENTATIONS:
-                width, height = height, width
-            img.load()
-            img = ImageOps.exif_transpose(img)
-            rgb = _to_rgb(img, draft_size)
-            if rgb.size != (width, height):  # draft-reduced: the full size, for transforms that need it exactly
-                rgb.info[FULL_SIZE_INFO] = ((width, height), rgb.size)
+        # no warnings.catch_warnings here: it swaps the process-wide filter list and is not thread-safe (decodes
+        # run in worker threads; it dropped other threads' filters). Pillow raises past twice its
+        # MAX_IMAGE_PIXELS and only warns past it: that band is refused below.
+        img = Image.open(io.BytesIO(data))
+        width, height = img.size
+        if Image.MAX_IMAGE_PIXELS and width * height > Image.MAX_IMAGE_PIXELS:
+            raise Image.DecompressionBombError(f"{width} x {height} pixels")
+        if width * height > max_pixels:
+            raise ImageTooLargeError(
+                f"image is {width} x {height} = {width * height:,} pixels, over the limit of {max_pixels:,}"
+            )
+        fmt = img.format or "unknown"
+        if draft_size and fmt == "JPEG":
+            img.draft("RGB", (draft_size, draft_size))
+        if img.getexif().get(_EXIF_ORIENTATION, 1) in _TRANSPOSING_ORIENTATIONS:
+            width, height = height, width
+        img.load()
+        img = ImageOps.exif_transpose(img)
+        rgb = _to_rgb(img, draft_size)
+        if rgb.size != (width, height):  # draft-reduced: the full size, for transforms that need it exactly
+            rgb.info[FULL_SIZE_INFO] = ((width, height), rgb.size)
     except ImageDecodeError:
         raise
     except UnidentifiedImageError as exc:
