@@ -67,6 +67,12 @@ def test_the_layout_counts_both_framings():
     assert _cfg("aspect").tokens_per_image == 10 and _cfg("aspect").buddies_per_image == 5
     names = [n for n, _ in token_names(4, 20, framings=2)]
     assert names[0] == "crop-cls" and names[5] == "crop-roi-cls" and names[10] == "whole-cls" and len(names) == 20
+    # one rule for the split (regis.scores.framings.framing_split): a count that is not two equal blocks is refused,
+    # not named or boxed by a floored half
+    with pytest.raises(ConfigError, match="framings"):
+        token_names(4, 21, framings=2)
+    with pytest.raises(ConfigError, match="framings"):
+        token_box(cfg, (7, 7), None, 0, 400, 600, count=31)
     with pytest.raises(ConfigError, match="needs a CNN"):
         build_encoder("vit-tiny-reg4-test", random_init=True, frame="center-crop+aspect")
 

@@ -114,9 +114,13 @@ def token_names(num_registers: int, tokens_per_image: int, framings: int = 1) ->
 
     ``framings`` 2 ("center-crop+aspect"): the first half's names get the prefix "crop-" (the central square), the
     second half's "whole-" (the whole image).
+
+    Raises:
+        ConfigError: ``framings`` 2 and a token count that is not two equal blocks
+            (``regis.scores.framings.framing_split``).
     """
     if framings == 2:
-        half = token_names(num_registers, tokens_per_image // 2)
+        half = token_names(num_registers, framing_split(tokens_per_image, tokens_per_image, framings)[0])
         return [(f"{FRAMING_NAMES[0]}-{n}", k) for n, k in half] + [(f"{FRAMING_NAMES[1]}-{n}", k) for n, k in half]
     r = num_registers
     cues = ["cls", *[f"reg{i}" for i in range(1, r + 1)]]
@@ -151,10 +155,14 @@ def token_box(
 
     Returns:
         (x0, y0, x1, y1) float pixels (ends exclusive), or None for a CLS / register token or an unknown buddy.
+
+    Raises:
+        ConfigError: two framings and ``count`` or T not ``config.framings`` equal blocks
+            (``regis.scores.framings.framing_split``).
     """
     framing, region = 0, None
     if is_two_framings(config):
-        per = (count or config.tokens_per_image) // config.framings
+        per = framing_split(count or config.tokens_per_image, config.tokens_per_image, config.framings)[0]
         framing, position = divmod(position, per)
     cue = roi_cue(position, config.num_registers)
     if cue is not None:
