@@ -62,5 +62,5 @@ def head_loss(q: torch.Tensor, g: torch.Tensor, tau: float = 0.05, koleo_weight:
         parts["koleo"] = float(kl.detach())
     with torch.no_grad():
         masked = scores.masked_fill(ignore, float("-inf")) if ignore is not None else scores
-        parts["batch_r1"] = float((masked.argmax(1) == torch.arange(len(scores))).float().mean())
+        parts["batch_r1"] = float((masked.argmax(1) == torch.arange(len(scores), device=scores.device)).float().mean())
     return loss, parts
