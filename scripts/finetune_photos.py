@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = FinetuneConfig(arms=tuple(a.arms.split(",")), steps=a.steps, batch_photos=a.batch_photos,
                          per_photo=a.per_photo, lr_head=a.lr_head, lr_backbone=a.lr_backbone, workers=a.workers,
                          seed=a.seed, checkpoint_at=tuple(int(s) for s in a.checkpoint_at.split(",") if s))
-    if a.device.startswith("cuda"):
-        torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN pick its fastest kernels
+    # no cudnn.benchmark: the batch size varies with the number of scene photos drawn, and each new size would
+    # be benchmarked anew (on an H200 that made a step take 28 s instead of under 1 s)
     t0 = time.perf_counter()
     photos, kinds, _ = load_photos(a.corpus, "train", cfg.photo_max_side)
     print(f"{len(photos)} training photos ({kinds.count('scene')} scenes) in {time.perf_counter() - t0:.1f} s",
