@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--arms", default="head,all")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--budget-s", type=float, default=None, help="Fit the steps to this many seconds of training.")
-    p.add_argument("--batch-photos", type=int, default=64)
+    p.add_argument("--batch", type=int, default=128, help="instances per batch")
     p.add_argument("--per-photo", type=int, default=4)
     p.add_argument("--lr-head", type=float, default=3e-4)
     p.add_argument("--lr-backbone", type=float, default=5e-5)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     from regis.models.encoder import build_encoder
     from training.photos.finetune import FinetuneConfig, finetune, load_photos
 
-    cfg = FinetuneConfig(arms=tuple(a.arms.split(",")), steps=a.steps, batch_photos=a.batch_photos,
+    cfg = FinetuneConfig(arms=tuple(a.arms.split(",")), steps=a.steps, batch=a.batch,
                          per_photo=a.per_photo, lr_head=a.lr_head, lr_backbone=a.lr_backbone, workers=a.workers,
                          seed=a.seed, checkpoint_at=tuple(int(s) for s in a.checkpoint_at.split(",") if s))
     # no cudnn.benchmark: the batch size varies with the number of scene photos drawn, and each new size would

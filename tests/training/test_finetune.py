@@ -50,12 +50,16 @@ def test_arms_train_their_own_parts(lite0_regis_centre):
         trainable_parameters(enc, "tail9x")
 
 
-def test_photo_batches_are_distinct_photos_and_repeatable():
-    a, b = list(PhotoBatches(10, 4, 3, seed=1)), list(PhotoBatches(10, 4, 3, seed=1))
-    assert a == b and len(a) == 3
-    assert all(len({p for p, _ in batch}) == 4 for batch in a)
+def test_photo_batches_have_a_fixed_size_of_distinct_photos_and_repeat():
+    kinds = ["scene", "object"] * 5  # 5 x 3 + 5 x 1 = 20 instances in all
+    a, b = list(PhotoBatches(kinds, 3, 7, 4, seed=1)), list(PhotoBatches(kinds, 3, 7, 4, seed=1))
+    assert a == b and len(a) == 4
+    for batch in a:
+        assert sum(k for _, _, k in batch) == 7 and len({p for p, _, _ in batch}) == len(batch)
+        assert all(k <= (3 if kinds[p] == "scene" else 1) for p, _, k in batch)
+    assert a[0] != a[1]
     with pytest.raises(ConfigError, match="fewer than a batch"):
-        PhotoBatches(3, 4, 1, seed=0)
+        PhotoBatches(kinds, 3, 21, 1, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +75,13 @@ def test_two_steps_write_weights_that_load(lite0_regis_centre, photos_dir, tmp_p
     files = sorted(photos_dir.iterdir())[:4]
     photos = [Image.open(f).convert("RGB").resize((160, 120)) for f in files]
     kinds = ["scene", "object", "scene", "object"]
-    item = PhotoInstances(photos, kinds, eval_transform(lite0_regis_centre.config), 3, 96)[(0, 5)]
+    data = PhotoInstances(photos, kinds, eval_transform(lite0_regis_centre.config), 3, 96)
+    item = data[(0, 5, 3)]
     assert item["clean"].shape == (3, 3, 128, 128) and item["box"][0].tolist() == [0, 0, 160, 120]
+    with pytest.raises(ConfigError, match="cannot give 2 instances"):
+        data[(1, 5, 2)]  # an object photo gives one
     start_bb = {k: v.clone() for k, v in lite0_regis_centre.backbone.state_dict().items()}
-    cfg = FinetuneConfig(arms=("head", "all"), steps=2, batch_photos=3, per_photo=3, workers=0, warmup_steps=0,
+    cfg = FinetuneConfig(arms=("head", "all"), steps=2, batch=5, per_photo=3, workers=0, warmup_steps=0,
                          lr_backbone=1e-3, ema_decay=0.0, region_max_side=96)
     summary = finetune(lite0_regis_centre, photos, kinds, tmp_path, cfg, progress=False)
     assert summary["steps"] == 2 and sorted(summary["files"]) == ["all-s2.safetensors", "head-s2.safetensors"]

@@ -6,11 +6,14 @@ its GPU counterpart: every step draws fresh regions and fresh edits (``training.
 DataLoader workers and runs the encoder end to end (224 px pass, 160 px ROI pass, token readout, head), so that
 the backbone itself can learn to undo the edits a linear head cannot (RESULTS.md section 5: hard edits 0.718).
 
-Batches are those of the cached recipe: P photos, per scene photo the whole photo and K - 1 random regions
-(10-60 % of the area: other regions of the same photo are negatives, the tiles case), per object photo the whole
-photo; per instance its clean image (the gallery: T = 10 index tokens) and one edited view (the query: all m
-tokens); loss ``training.photos.loss.head_loss`` (InfoNCE over MaxSim + KoLeo), a gallery item that shows >= 75 %
-of a view's region left out of that view's softmax (``batch_ignore``).
+Batches are those of the cached recipe, at a fixed size: photos drawn until B instances are reached, per scene photo
+the whole photo and K - 1 random regions (10-60 % of the area: other regions of the same photo are negatives, the
+tiles case), per object photo the whole photo; per instance its clean image (the gallery: T = 10 index tokens) and
+one edited view (the query: all m tokens). B is fixed so that every step has the same shapes: with a size that
+changed with the photos drawn, an H200 ran 14 s a step (28 s with cudnn.benchmark) for 3 arms of about 110
+instances; the cause is not established (suspected: cuDNN planning its kernels for each new shape). Loss:
+``training.photos.loss.head_loss`` (InfoNCE over MaxSim + KoLeo), a gallery item that shows >= 75 % of a view's
+region left out of that view's softmax (``batch_ignore``).
 
 Several arms train in one process on the same batches (the edits cost more CPU than the network costs GPU), each
 its own copy of the starting encoder with its own trainable part (``ARMS``): "head" (backbone frozen: the control),
@@ -48,7 +51,7 @@ class FinetuneConfig(BaseModel):
     Attributes:
         arms: which parts train (``ARMS``), each a separate model on the same batches.
         steps: optimiser steps (with ``budget_s``: an upper bound, the run fits its steps to the budget).
-        batch_photos (P), per_photo (K): photos per batch and instances per scene photo (the whole + K - 1 regions).
+        batch (B), per_photo (K): instances per batch and per scene photo (the whole + K - 1 regions).
         lr_head, lr_backbone: AdamW learning rates of the head and of the backbone's trainable stages.
         weight_decay: AdamW weight decay (head and backbone alike).
         warmup_steps: linear warm-up of timm's cosine schedule (to lr x ``min_lr_ratio`` at the end).
@@ -65,7 +68,7 @@ class FinetuneConfig(BaseModel):
 
     arms: tuple[str, ...] = ("head", "all")
     steps: int = Field(600, ge=1)
-    batch_photos: int = Field(64, ge=2)
+    batch: int = Field(128, ge=2)
     per_photo: int = Field(4, ge=1)
     lr_head: float = Field(3e-4, ge=0)
     lr_backbone: float = Field(5e-5, ge=0)
@@ -116,9 +119,12 @@ class PhotoInstances(torch.utils.data.Dataset):
     """Key (photo index, seed) -> the photo's instances, each a clean image and one edited view, both through
     ``transform``.
 
+    Key (photo, seed, k): k instances, k <= ``per_photo`` for a scene photo (the whole photo first, then random
+    regions) and k = 1 for an object photo (``instances_of``).
+
     Item: {"clean": (k, 3, S, S) float32, "view": (k, 3, S, S) float32, "box": (k, 4) float32 the instance's
     region in the photo [px], "view_box": (k, 4) float32 the view's region in the photo [px, rotation ignored],
-    "photo": (k,) int64}, k = ``per_photo`` for a scene photo (the whole photo first) and 1 for an object photo.
+    "photo": (k,) int64}.
     """
 
     def __init__(self, photos: list, kinds: list[str], transform, per_photo: int, region_max_side: int):
@@ -130,12 +136,14 @@ class PhotoInstances(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.photos)
 
-    def __getitem__(self, key: tuple[int, int]) -> dict:
-        p, seed = key
+    def __getitem__(self, key: tuple[int, int, int]) -> dict:
+        p, seed, k = key
+        if not 1 <= k <= instances_of(self.kinds[p], self.per_photo):
+            raise ConfigError(f"photo {p} ({self.kinds[p]}) cannot give {k} instances")
         rng = np.random.default_rng([seed, p, 23])
         img = self.photos[p]
         w, h = img.size
-        n = self.per_photo - 1 if self.kinds[p] == "scene" else 0
+        n = k - 1
         boxes = [(0, 0, w, h)] + [edits.random_box(w, h, rng, 0.1, 0.6) for _ in range(n)]
         clean, views, vboxes = [], [], []
         for box in boxes:
@@ -156,23 +164,41 @@ def collate(items: list[dict]) -> dict:
     return {k: torch.cat([it[k] for it in items]) for k in items[0]}
 
 
-class PhotoBatches(torch.utils.data.Sampler):
-    """Batches of ``photos`` distinct photo indices out of ``n``, each key (photo, seed) with a seed unique to its
-    batch and slot; ``steps`` batches, the same for the same ``seed``."""
+def instances_of(kind: str, per_photo: int) -> int:
+    """Instances a photo gives a batch: ``per_photo`` for a scene, 1 for an object."""
+    return per_photo if kind == "scene" else 1
 
-    def __init__(self, n: int, photos: int, steps: int, seed: int):
-        if n < photos:
-            raise ConfigError(f"{n} photos, fewer than a batch's {photos}")
-        self.n, self.photos, self.steps, self.seed = n, photos, steps, seed
+
+class PhotoBatches(torch.utils.data.Sampler):
+    """``steps`` batches of exactly ``batch`` instances: distinct photos in a random order, each key (photo, seed,
+    k) giving ``instances_of`` its kind (the last photo fewer, to make up ``batch``), with a seed unique to its batch
+    and slot; the same batches for the same ``seed``.
+
+    Raises:
+        ConfigError: all the photos together give fewer than ``batch`` instances.
+    """
+
+    def __init__(self, kinds: list[str], per_photo: int, batch: int, steps: int, seed: int):
+        total = sum(instances_of(k, per_photo) for k in kinds)
+        if total < batch:
+            raise ConfigError(f"{len(kinds)} photos give {total} instances, fewer than a batch's {batch}")
+        self.kinds, self.per_photo, self.batch, self.steps, self.seed = kinds, per_photo, batch, steps, seed
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self):
         rng = np.random.default_rng([self.seed, 29])
+        n = len(self.kinds)
         for step in range(self.steps):
-            chosen = rng.choice(self.n, self.photos, replace=False)
-            yield [(int(p), self.seed * 1_000_003 + step * self.photos + i) for i, p in enumerate(chosen)]
+            keys, total = [], 0
+            for i, p in enumerate(rng.permutation(n)):
+                k = min(instances_of(self.kinds[p], self.per_photo), self.batch - total)
+                keys.append((int(p), self.seed * 1_000_003 + step * n + i, k))
+                total += k
+                if total == self.batch:
+                    break
+            yield keys
 
 
 def batch_ignore(photo: torch.Tensor, box: torch.Tensor, view_box: torch.Tensor) -> torch.Tensor:
@@ -244,13 +270,15 @@ def load_finetuned(path: Path, device: str = "cpu") -> tuple[RegisEncoder, dict]
 class _Arm:
     """One arm's model, optimiser, schedule and EMA."""
 
-    def __init__(self, name: str, start: RegisEncoder, cfg: FinetuneConfig, steps: int, device):
+    def __init__(self, name: str, start: RegisEncoder, cfg: FinetuneConfig, device):
         import copy
 
         from timm.utils import ModelEmaV3
 
         self.name = name
         self.encoder = copy.deepcopy(start).to(device).eval()
+        if str(device).startswith("cuda"):  # the inputs are channels-last too (``finetune``): one layout throughout
+            self.encoder.backbone.to(memory_format=torch.channels_last)
         head, backbone = trainable_parameters(self.encoder, name)
         groups = [{"params": head, "lr": cfg.lr_head}]
         if backbone:
@@ -317,10 +345,10 @@ def finetune(start: RegisEncoder, photos: list, kinds: list[str], out: Path, cfg
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    arms = [_Arm(a, start, cfg, cfg.steps, device) for a in cfg.arms]
+    arms = [_Arm(a, start, cfg, device) for a in cfg.arms]
     data = PhotoInstances(photos, kinds, eval_transform(start.config), cfg.per_photo, cfg.region_max_side)
     loader = torch.utils.data.DataLoader(
-        data, batch_sampler=PhotoBatches(len(photos), cfg.batch_photos, cfg.steps, cfg.seed), collate_fn=collate,
+        data, batch_sampler=PhotoBatches(kinds, cfg.per_photo, cfg.batch, cfg.steps, cfg.seed), collate_fn=collate,
         num_workers=cfg.workers, pin_memory=device != "cpu", persistent_workers=False,
         prefetch_factor=4 if cfg.workers else None)
     cuda = str(device).startswith("cuda")
@@ -352,7 +380,7 @@ def finetune(start: RegisEncoder, photos: list, kinds: list[str], out: Path, cfg
             per_step = (time.perf_counter() - t_cal) / (calibrate - 2)
             fit = int((budget_s - (time.perf_counter() - t0)) / per_step) + calibrate
             steps = max(calibrate + 1, min(cfg.steps, fit))
-        if progress and (step % 20 == 0 or step == steps - 1):
+        if progress and (step < 12 or step % 20 == 0 or step == steps - 1):  # the first steps: where time goes
             el = time.perf_counter() - t0
             print(json.dumps({"step": step, "of": steps, "s": round(el, 1), "data_wait_s": round(wait, 1),
                               **{a.name: round(float(np.mean([r["loss"] for r in a.log[-20:]])), 4) for a in arms},
