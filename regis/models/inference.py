@@ -27,7 +27,6 @@ import itertools
 import logging
 import os
 import threading
-import warnings
 import weakref
 
 import torch
@@ -230,8 +229,11 @@ def export_backbone_onnx(backbone: nn.Module, image_size: int) -> bytes:
     """
     example = torch.zeros(1, 3, image_size, image_size)
     buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice; dynamo needs onnxscript
+    # no warnings.catch_warnings here: it swaps the process-wide filter list and is not thread-safe (the export
+    # runs in a worker thread while others serve requests; it dropped their filters). The exporter's
+    # DeprecationWarnings (the TorchScript exporter's notice; dynamo needs onnxscript) meet the process's filters,
+    # which ignore them outside __main__ by default (pyproject.toml's pytest filterwarnings for the tests).
+    with torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(_Features(backbone).eval(), (example,), buf, dynamo=False, opset_version=ONNX_OPSET,
                           input_names=["images"], output_names=["features"],
                           dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"},

@@ -311,3 +311,38 @@ def _uses_env_allocator(session) -> bool:
         return session.get_session_options().get_session_config_entry("session.use_env_allocators") == "1"
     except RuntimeError:  # "SessionOptions does not have configuration with key"
         return False
+
+
+class _TinyBackbone(nn.Module):
+    """A one-conv stand-in for a timm CNN: ``forward_features`` (B, 3, H, W) -> (B, 4, H / 2, W / 2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward_features(self, x):
+        return self.conv(x)
+
+
+def test_the_onnx_export_leaves_the_process_warning_filters_alone(monkeypatch):
+    """``warnings.catch_warnings`` swaps the process-wide filter list and is not thread-safe: an export in a worker
+    thread that entered one (to silence the exporter's deprecation notices) dropped or restored filters for the
+    threads serving requests meanwhile (as decode's did, tests/test_decode.py). The export (fault point:
+    ``torch.onnx.export``) must run under the process's filters as they are, and leave them so."""
+    import warnings
+
+    pytest.importorskip("onnx", reason="torch.onnx's exporter needs the onnx package")
+    from regis.models import inference
+
+    inside = []
+    real = torch.onnx.export
+
+    def spy(*args, **kwargs):
+        inside.append(list(warnings.filters))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", spy)
+    before = list(warnings.filters)
+    model = inference.export_backbone_onnx(_TinyBackbone().eval(), 32)
+    assert inside == [before] and list(warnings.filters) == before
+    assert model.startswith(b"\x08")  # a serialised ModelProto (field 1, ir_version, first)
