@@ -1,6 +1,7 @@
 """Query-result cache in Redis, keyed by (query image SHA-256, index version, search parameters).
 
-A new index version changes every key, so nothing is ever stale; entries expire after a TTL. The cache never
+A new index version changes every key, so nothing is ever stale, and so does a new answer shape
+(``regis.jobs.names.CACHE_ANSWER_FORMAT``); entries expire after a TTL. The cache never
 fails a search: when Redis errors, the cache reports an error and stays off for ``backoff_s`` seconds.
 """
 

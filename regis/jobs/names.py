@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from regis.errors import ConfigError
 
 DEFAULT_PREFIX = "regis"
+# the shape of the search answers the query cache holds (``cache_key``): a new shape gets new keys, so no instance
+# serves an answer cached in another shape (after an upgrade, or from an older instance sharing the Redis).
+# Bump it with every change of ``regis.retrieve.answers.result_json``'s answer. 2: with ``max_score`` (93505f0).
+CACHE_ANSWER_FORMAT = 2
 _PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -58,5 +62,6 @@ class RedisNames:
         return f"{self.prefix}:jobs:recent:{collection or '-'}"
 
     def cache_key(self, version: int, query_sha256: str, params: str) -> str:
-        """Query-result cache key of a query image hash, an index version and the search parameters."""
-        return f"{self.prefix}:cache:v{version}:{query_sha256}:{params}"
+        """Query-result cache key of a query image hash, an index version and the search parameters, under the
+        answer format (``CACHE_ANSWER_FORMAT``): ``{prefix}:cache:a{format}:v{version}:{sha256}:{params}``."""
+        return f"{self.prefix}:cache:a{CACHE_ANSWER_FORMAT}:v{version}:{query_sha256}:{params}"

@@ -188,7 +188,8 @@ def result_json(result, records: dict, version: int, k: int, depth: int | None, 
     """The JSON-ready answer of a search (see ``QueryEngine.search_bytes``) from its ``SearchResult`` and the
     table rows of its ids ({id: ImageRecord}; a missing row gives null fields). ``depth``: the depth to report
     when the result has none (the index default); ``max_score``: the score of a perfect match
-    (``regis.scores.framings.perfect_score`` of the query's tokens and the index's framings scored apart)."""
+    (``regis.scores.framings.perfect_score`` of the query's tokens and the index's framings scored apart).
+    A change of this answer's shape bumps ``regis.jobs.names.CACHE_ANSWER_FORMAT`` (the query cache's keys)."""
     hits = []
     for rank, (image_id, score) in enumerate(zip(result.ids.tolist(), result.scores.tolist(), strict=True), 1):
         rec = records.get(image_id)

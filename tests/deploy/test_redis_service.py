@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import redis
 from fastapi.testclient import TestClient
 
 from conftest import build
 from deploy.support import wait_until
-from regis.jobs.names import RedisNames
+from regis.jobs.names import CACHE_ANSWER_FORMAT, RedisNames
 from service.app import create_app
 from service.settings import Settings
 
@@ -35,7 +38,7 @@ def test_query_cache_is_keyed_by_image_version_and_parameters(tmp_path, images_r
         moon = (images_root / "photos" / "skimage-moon.png").read_bytes()
         assert _search(c, moon, k=3).headers["x-regis-cache"] == "miss"  # another image
         keys = conn.keys(f"{prefix}:cache:*")
-        assert len(keys) == 3 and all(k.startswith(f"{prefix}:cache:v1:".encode()) for k in keys)
+        assert len(keys) == 3 and all(k.startswith(f"{prefix}:cache:a{CACHE_ANSWER_FORMAT}:v1:".encode()) for k in keys)
         assert 0 < conn.ttl(keys[0]) <= 120
 
         # a new version (written by another process, seen by polling): new keys, the old entry is not used
@@ -49,6 +52,31 @@ def test_query_cache_is_keyed_by_image_version_and_parameters(tmp_path, images_r
         text = c.get("/metrics").text
         assert 'regis_cache_requests_total{result="hit"} 2.0' in text
         assert 'regis_cache_requests_total{result="miss"} 4.0' in text
+    conn.delete(*conn.keys(f"{prefix}:*"))
+
+
+def test_an_answer_cached_before_max_score_is_not_served(tmp_path, images_root, tiny_encoder, redis_url, prefix):
+    """An answer cached by a service from before ``max_score`` (93505f0) has none, and the page divides scores by
+    it: after an upgrade, such an entry (written here in that shape, under that service's key layout
+    ``{prefix}:cache:v{version}:{sha256}:{params}``) must be a miss, the answer computed anew with its max_score."""
+    index = tmp_path / "index"
+    build(images_root / "photos", index, tiny_encoder)
+    settings = Settings(index_dir=index, redis_url=redis_url, redis_prefix=prefix, cache_ttl_s=120)
+    coffee = (images_root / "photos" / "skimage-coffee.png").read_bytes()
+    conn = redis.Redis.from_url(redis_url)
+    with TestClient(create_app(settings)) as c:
+        first = _search(c, coffee, k=3)
+        assert first.headers["x-regis-cache"] == "miss" and first.json()["max_score"] > 0
+        [key] = conn.keys(f"{prefix}:cache:*")
+        params = key.decode().rsplit(":", 1)[1]  # the digest of the search's parameters, as the service made it
+        old = {name: value for name, value in first.json().items() if name != "max_score"}
+        conn.delete(key)
+        conn.set(f"{prefix}:cache:v1:{hashlib.sha256(coffee).hexdigest()}:{params}", json.dumps(old), ex=120)
+        second = _search(c, coffee, k=3)
+        assert second.headers["x-regis-cache"] == "miss"
+        assert second.json()["max_score"] == first.json()["max_score"]
+        assert second.json()["results"] == first.json()["results"]
+        assert _search(c, coffee, k=3).headers["x-regis-cache"] == "hit"  # the new entry, in today's shape
     conn.delete(*conn.keys(f"{prefix}:*"))
 
 
