@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,6 +82,44 @@ def test_twenty_steps_on_cached_tokens_lower_the_loss(tmp_path, one_thread):
     a, b = load_head(tmp_path / "run" / "head.safetensors"), load_head(part / "head.safetensors")
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), k
+
+
+def _disk_full_writing(monkeypatch, stem: str) -> None:
+    """Fault point ``Path.write_text`` of a run-directory file named ``stem.*``: the file is created (or truncated),
+    then the write fails as on a full disk."""
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.stem != stem:
+            return real(self, *args, **kwargs)
+        self.open("w").close()
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+
+
+def test_a_failed_config_or_summary_write_leaves_the_previous_file(tmp_path, one_thread, monkeypatch):
+    """``config.json`` (which ``resume`` checks) and ``summary.json`` are written, then renamed, like the head, the
+    checkpoint and the tail: a write that fails midway (disk full) leaves the run's previous file as it was."""
+    train = fake_cache(12, 3, 4)
+    config = HeadTrainConfig(out_dim=16, hidden=32, steps=4, batch_photos=8, per_photo=3, warmup_steps=1,
+                             eval_every=0, log_every=2, checkpoint_every=2, koleo_weight=0.0)
+    run = tmp_path / "run"
+    assert train_head(train, None, run, config, progress=False, tokens=6, stop_at=2)["stopped"]
+    saved_config = (run / "config.json").read_text()
+    with monkeypatch.context() as patch:  # a new start in the same directory, out of space writing config.json
+        _disk_full_writing(patch, "config")
+        with pytest.raises(OSError, match="No space"):
+            train_head(train, None, run, config, progress=False, tokens=6)
+    assert (run / "config.json").read_text() == saved_config
+    summary = train_head(train, None, run, config, resume=True, progress=False, tokens=6)
+    saved_summary = (run / "summary.json").read_text()
+    assert json.loads(saved_summary) == summary
+    with monkeypatch.context() as patch:  # the finished run resumed again: the summary rewritten, out of space
+        _disk_full_writing(patch, "summary")
+        with pytest.raises(OSError, match="No space"):
+            train_head(train, None, run, config, resume=True, progress=False, tokens=6)
+    assert (run / "summary.json").read_text() == saved_summary
 
 
 def test_head_file_round_trip(tmp_path):

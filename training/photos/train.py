@@ -234,7 +234,9 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         pca_init(head.head if tail is not None else head,
                  torch.cat([pcs.clean[:, :tokens].flatten(0, 1), pcs.views.flatten(0, 2)])[::7])
         ema = ModelEmaV3(head, decay=config.ema_decay)
-        (out / "config.json").write_text(json.dumps(config.record(), indent=2) + "\n")
+        tmp = out / "config.tmp"  # written, then renamed (as the head, checkpoint and tail): never half-written
+        tmp.write_text(json.dumps(config.record(), indent=2) + "\n")
+        tmp.replace(out / "config.json")
         (out / "metrics.jsonl").write_text("")
         if val is not None:
             untrained = tail_tokens(val, tail) if tail is not None else val  # the frozen encoder's tokens
@@ -293,7 +295,9 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
     summary = {"steps": step, "seconds": round(seconds, 1), "val_r1_final": vals[-1] if vals else None,
                "val_r1_best": max(vals) if vals else None, "head_sha256": sha, "head_bytes":
                (out / HEAD_FILE).stat().st_size}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    tmp = out / "summary.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    tmp.replace(out / "summary.json")
     assert file_sha256(out / HEAD_FILE) == sha
     return summary
 
