@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from regis.errors import ConfigError
+from regis.errors import ConfigError, WeightsError
 from regis.models.head import TokenHead, file_sha256, save_head
 from regis.models.weights import HEAD_RUN_FILE as HEAD_FILE
 from training.photos.features import InstanceCache
@@ -188,6 +188,7 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
     Raises:
         ConfigError: ``resume`` without a checkpoint, or with another config than the saved one; ``tail`` and
             ``config.tail_stages`` or the caches disagree.
+        WeightsError: the head file read back is not the one written.
     """
     from timm.scheduler import CosineLRScheduler
     from timm.utils import ModelEmaV3
@@ -298,7 +299,8 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
     tmp = out / "summary.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.replace(out / "summary.json")
-    assert file_sha256(out / HEAD_FILE) == sha
+    if file_sha256(out / HEAD_FILE) != sha:  # the file on disk is not the head just saved
+        raise WeightsError(f"{out / HEAD_FILE} does not hold the head just written (SHA-256 differs)")
     return summary
 
 
