@@ -81,18 +81,47 @@ def ground_truth(db: np.ndarray, q: np.ndarray, tag: str, k: int = 100) -> tuple
     return ids, seconds
 
 
-def bench_encoder(dim: int, tokens_per_image: int = 10):
-    """An ``EncoderConfig`` + ``WeightsInfo`` naming the benchmark tokens (the writer needs one; nothing runs it)."""
+SERVABLE_BACKBONE = "efficientnet-lite0-regis"
+
+
+def bench_encoder(dim: int, tokens_per_image: int = 10, record: str = "bench"):
+    """An ``EncoderConfig`` + ``WeightsInfo`` for an index of benchmark tokens (the writer needs one).
+
+    Args:
+        dim, tokens_per_image: the tokens' D and T.
+        record: "bench": a ``bench-tokens-{dim}`` config no encoder can be rebuilt from (searches only; ``regis
+            serve`` on such an index fails: unknown backbone); "servable": the real ``efficientnet-lite0-regis``
+            encoder (D = 256) with one framing (``frame="center-crop"``: T = 10), built here as ``regis index
+            --frame center-crop`` would, so ``regis serve`` rebuilds it from the manifest, checks its weights and
+            encodes photo queries with it (the stored tokens are stand-ins for its tokens: latency is meaningful,
+            scores are not).
+
+    Raises:
+        ValueError: ``record`` is unknown, or "servable" with tokens that are not that encoder's (D, T).
+    """
     from regis.models.encoder import EncoderConfig, WeightsInfo
 
+    if record == "servable":
+        from regis.models.encoder import build_encoder
+
+        enc = build_encoder(SERVABLE_BACKBONE, frame="center-crop")
+        if (enc.config.dim, enc.config.tokens_per_image) != (dim, tokens_per_image):
+            raise ValueError(f"{SERVABLE_BACKBONE} (center-crop) writes {enc.config.tokens_per_image} x "
+                             f"{enc.config.dim} tokens per image, not {tokens_per_image} x {dim}")
+        return enc.config, enc.weights_info
+    if record != "bench":
+        raise ValueError(f"encoder record {record!r}: 'bench' or 'servable'")
     config = EncoderConfig(backbone=f"bench-tokens-{dim}", kind="cnn", num_registers=tokens_per_image // 2 - 1,
                            dim=dim, cue_method="kmeans", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
     return config, WeightsInfo(source="bench:tokens", sha256="0" * 64)
 
 
 def build_index(path: Path, db: np.ndarray, faiss_spec: str | None = None, token_store: str | None = None,
-                nprobe: int | None = None, depth: int | None = None, chunk: int = 10_000) -> dict:
-    """Write ``db`` (N, T, D) into a new regis index at ``path`` with ``IndexWriter``; returns timings (s)."""
+                nprobe: int | None = None, depth: int | None = None, chunk: int = 10_000,
+                encoder_record: str = "bench") -> dict:
+    """Write ``db`` (N, T, D) into a new regis index at ``path`` with ``IndexWriter``; returns timings (s).
+
+    ``encoder_record``: ``bench_encoder``'s ``record`` ("servable": an index ``regis serve`` can open)."""
     import shutil
 
     from regis.indexes.table import ImageRecord
@@ -101,7 +130,7 @@ def build_index(path: Path, db: np.ndarray, faiss_spec: str | None = None, token
     if path.exists():
         shutil.rmtree(path)
     n, t, d = db.shape
-    config, weights = bench_encoder(d, t)
+    config, weights = bench_encoder(d, t, encoder_record)
     t0 = time.perf_counter()
     with IndexWriter(path, config, weights, faiss_spec=faiss_spec, nprobe=nprobe, token_store=token_store,
                      depth=depth) as w:

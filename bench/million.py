@@ -80,8 +80,9 @@ def corpus_slice(source: Path, n: int, which: str):
     return db[start : start + n], q, tag
 
 
-def index_path(tag: str, n: int, spec: str | None, store: str | None) -> Path:
+def index_path(tag: str, n: int, spec: str | None, store: str | None, record: str = "bench") -> Path:
     name = f"{tag}-{n}-{(spec or 'auto').replace(',', '_')}-{store or 'default'}"
+    name += "" if record == "bench" else f"-{record}"
     return DATA_DIR / "idx" / name
 
 
@@ -206,10 +207,10 @@ def parent(args) -> list[dict]:
         gt_path = DATA_DIR / f"gt-{tag}-{len(db)}x{len(q)}.npz"
         print(f"ground truth {n}: {gt_s:.1f} s for {len(q)} queries (cached: {time.perf_counter() - t0:.1f} s)",
               flush=True)
-        path = index_path(tag, n, args.spec, args.token_store)
+        path = index_path(tag, n, args.spec, args.token_store, args.encoder_record)
         built_file = path.with_suffix(".built.json")
         if args.rebuild or not (path / "CURRENT").exists() or not built_file.exists():
-            built = build_index(path, db, args.spec, token_store=args.token_store)
+            built = build_index(path, db, args.spec, token_store=args.token_store, encoder_record=args.encoder_record)
             built_file.write_text(json.dumps(built))
             print("built:", json.dumps({"index": path.name, **built}), flush=True)
         built = json.loads(built_file.read_text())
@@ -225,7 +226,7 @@ def parent(args) -> list[dict]:
             raise SystemExit(f"measuring {n} images failed")
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row.update({"build_s": built["build_s"], "exact_gt_s": gt_s, "queries": len(q), "slice": args.slice,
-                    "corpus": tag})
+                    "corpus": tag, "encoder_record": args.encoder_record})
         rows.append(row)
         print("row:", json.dumps(row), flush=True)
     return rows
@@ -309,6 +310,9 @@ def main() -> None:
     p.add_argument("--spec", default=None, help="FAISS spec (default: regis's choice)")
     p.add_argument("--token-store", default=None, help="token store (default: regis's choice)")
     p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--encoder-record", choices=["bench", "servable"], default="bench",
+                   help="the manifest's encoder: bench (search only) or servable (efficientnet-lite0-regis, "
+                        "center-crop: regis serve opens the index; bench.data.bench_encoder)")
     p.add_argument("--build-only", action="store_true",
                    help="ground truth and index builds only (so a timed run under a lock measures, not builds)")
     p.add_argument("--sweep", default=None,
@@ -330,7 +334,8 @@ def main() -> None:
         if args.plot:
             plot(rows, args.plot)
         return
-    print_machine({"bench": "million", "source": str(args.source), "sizes": args.sizes, "slice": args.slice})
+    print_machine({"bench": "million", "source": str(args.source), "sizes": args.sizes, "slice": args.slice,
+                   "encoder_record": args.encoder_record})
     rows = parent(args)
     if args.build_only:
         return

@@ -30,12 +30,18 @@ without and with dynamic batching, side by side in one run.
    client's own CPU share of the machine is printed (it shares the cores with the server), and for ``regis
    serve`` the server process's CPU time per request. The server's own timings (decode, encode, candidates,
    rerank) are averaged from the responses.
+4. ``--index PATH``: serve that existing index instead of step 1's (e.g. ``bench.million --encoder-record
+   servable``'s 1M index); each ``regis serve`` mode then also records its start-up (seconds from starting the
+   process until ``/healthz`` and until ``/readyz`` answer 200), its resident memory once ready and after each
+   level (``VmRSS``, MiB), and ``--json`` writes the start-ups and rows.
 
 Usage::
 
     python -m bench.service --clients 1,8,32,128 --requests 64 --modes unbatched,batched
     python -m bench.service --clients 8,32 --modes batched@torch,batched@onnx   # the two query runtimes
     python -m bench.service --clients 1,32 --modes batched,batched:t2   # torch threads: default and 2
+    python -m bench.service --index $REGIS_BENCH_DATA/idx/tok1m-256-1000000-auto-default-servable \
+        --clients 1,32 --modes batched,unbatched --json docs/results/million/serve-1m-DATE.json
 """
 
 from __future__ import annotations
@@ -209,8 +215,9 @@ def process_kind(pid: int) -> str:
     return name
 
 
-def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
-    """``regis serve`` on a free loopback port; returns the process and its base URL once /healthz answers."""
+def start_server(index, env: dict, poll_s: float = 0.5) -> tuple[subprocess.Popen, str]:
+    """``regis serve`` on a free loopback port; returns the process and its base URL once /healthz answers
+    (polled every ``poll_s`` seconds)."""
     import httpx
 
     port = free_port()
@@ -227,7 +234,29 @@ def start_server(index, env: dict) -> tuple[subprocess.Popen, str]:
         if time.monotonic() > deadline or server.poll() is not None:
             server.terminate()
             raise SystemExit("the server did not come up")
-        time.sleep(0.5)
+        time.sleep(poll_s)
+
+
+def start_server_timed(index, env: dict, poll_s: float = 0.05) -> tuple[subprocess.Popen, str, dict]:
+    """``start_server`` plus its start-up: seconds from starting the process until ``/healthz`` answers 200
+    (``healthz_s``) and until ``/readyz`` does (``readyz_s``: the index is loaded), each polled every ``poll_s``
+    seconds, and the process's ``VmRSS`` once ready (``rss_mib_ready``).
+
+    Raises:
+        SystemExit: the server did not come up, or ``/readyz`` did not answer 200 within 300 s.
+    """
+    import httpx
+
+    t0 = time.monotonic()
+    proc, base = start_server(index, env, poll_s)
+    healthz_s = time.monotonic() - t0
+    while httpx.get(base + "/readyz", timeout=5).status_code != 200:
+        if time.monotonic() - t0 > 300 or proc.poll() is not None:
+            proc.terminate()
+            raise SystemExit("the server did not become ready")
+        time.sleep(poll_s)
+    ready = {"healthz_s": healthz_s, "readyz_s": time.monotonic() - t0, "rss_mib_ready": process_rss_mib(proc.pid)}
+    return proc, base, ready
 
 
 def start_ray(index, args, placement: str = "auto", shards: int | None = None):
@@ -356,6 +385,9 @@ def main() -> None:
                    help="the serving index's IVF vector codec, e.g. SQ8 (default: regis's choice for 1280-d tokens)")
     p.add_argument("--min-requests-per-client", type=int, default=1,
                    help="requests per level at least this many times the clients (e.g. 2: 256 at 128 clients)")
+    p.add_argument("--index", type=Path, default=None,
+                   help="serve this existing index (no build; --n-db, --tokens, --encoder-variant unused)")
+    p.add_argument("--json", type=Path, default=None, help="write the start-ups and rows here")
     args = p.parse_args()
 
     from bench.indexing import JPEG_DIR, make_photos
@@ -363,9 +395,14 @@ def main() -> None:
     print_machine({"bench": "service", "n_db": args.n_db, "service_torch_threads": args.torch_threads,
                    "modes": args.modes, "encoder_variant": args.encoder_variant,
                    "batch_max_size": args.batch_max_size, "batch_max_wait_ms": args.batch_max_wait_ms,
-                   "encode_workers": args.encode_workers, "faiss_codec": args.faiss_codec})
+                   "encode_workers": args.encode_workers, "faiss_codec": args.faiss_codec,
+                   "index": str(args.index) if args.index else None})
     synthetic = args.tokens == "synthetic" or (args.tokens == "auto" and not (CORPUS_DIR / "info.json").exists())
-    index = build_index(args.n_db, "synthetic" if synthetic else "corpus", args.encoder_variant, args.faiss_codec)
+    if args.index is not None:
+        index = args.index
+    else:
+        index = build_index(args.n_db, "synthetic" if synthetic else "corpus", args.encoder_variant,
+                            args.faiss_codec)
     make_photos(64)
     payloads = [f.read_bytes() for f in sorted((JPEG_DIR / "photos").glob("*.jpg"))[:16]]
     rows = []
@@ -374,6 +411,8 @@ def main() -> None:
         raise SystemExit("one ray mode per run: this process joins one Ray cluster (ray.init); run the others apart")
     servers: dict[str, tuple] = {}
     pids: dict[str, list[int]] = {}
+    startups: dict[str, dict] = {}
+    load_before = os.getloadavg()
     print("loadavg before:", os.getloadavg(), flush=True)
     try:
         for mode in modes:
@@ -381,9 +420,11 @@ def main() -> None:
                 base, _, shards = mode.partition("/")
                 servers[mode] = start_ray(index, args, base.partition("@")[2] or "auto", int(shards or 0) or None)
             else:
-                proc, base = start_server(index, mode_env(mode, args))
+                proc, base, ready = start_server_timed(index, mode_env(mode, args))
                 servers[mode] = (lambda proc=proc: (proc.terminate(), proc.wait(timeout=30)), base)
                 pids[mode] = [proc.pid]
+                startups[mode] = {"mode": mode, "index": str(index), **ready}
+                print("startup:", json.dumps(startups[mode]), flush=True)
             run_level(servers[mode][1] + "/v1/search", payloads, 2, 8)  # warm-up
         for c in [int(x) for x in args.clients.split(",")]:
             for mode in modes:
@@ -392,12 +433,18 @@ def main() -> None:
                     server_pids = servers[mode][0].pids()
                 row = {"mode": mode, **run_level(servers[mode][1] + "/v1/search", payloads, c,
                                                  max(args.requests, args.min_requests_per_client * c), server_pids)}
+                if mode in startups:  # regis serve: its resident memory after this level
+                    row["server_rss_mib"] = process_rss_mib(pids[mode][0])
                 rows.append(row)
                 print("row:", json.dumps(row), flush=True)
     finally:
         for stop, _ in servers.values():
             stop()
     print("loadavg after:", os.getloadavg(), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"index": str(index), "loadavg_before": load_before,
+                                         "loadavg_after": os.getloadavg(), "startups": list(startups.values()),
+                                         "rows": rows}, indent=1))
     print("\n| mode | clients | requests | errors | p50 ms | p99 ms | throughput req/s | client CPU % | "
           "server CPU ms/req | server decode ms | server encode ms | server candidates ms | server rerank ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
