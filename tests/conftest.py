@@ -4,6 +4,7 @@ and indexes built from the photos."""
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,3 +175,12 @@ def browser():
             yield instance
         finally:
             instance.close()
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims width x height (8-bit grey) with one tiny IDAT: a bomb by its header."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + \
+        chunk(b"IEND", b"")

@@ -2,7 +2,6 @@
 
 import io
 import warnings
-import zlib
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ from PIL import Image
 
 from regis.errors import ImageDecodeError, ImageTooLargeError
 from regis.images.decode import decode_image
+from tests.conftest import png_header_only
 
 
 def _png(img):
@@ -79,15 +79,6 @@ def test_decompression_bomb_is_refused_before_decoding():
         decode_image(buf.getvalue(), max_pixels=10_000_000)
 
 
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose IHDR claims width x height (8-bit grey) with one tiny IDAT: a bomb by its header."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + \
-        chunk(b"IEND", b"")
-
-
 def test_decoding_leaves_the_process_warning_filters_alone(monkeypatch):
     """``warnings.catch_warnings`` swaps the process-wide filter list and is not thread-safe: a decode in a worker
     thread that entered one undid FastAPI's own suppression in the event-loop thread (an
@@ -111,7 +102,7 @@ def test_an_image_past_pillows_bomb_limit_is_refused_whatever_the_warning_filter
     """With ``max_pixels`` above Pillow's ``MAX_IMAGE_PIXELS``, an image between that and twice it (where Pillow
     only warns) is refused as a possible decompression bomb, whether the process ignores that warning or not."""
     width = 10_000
-    data = _png_header_only(width, Image.MAX_IMAGE_PIXELS // width + 1)
+    data = png_header_only(width, Image.MAX_IMAGE_PIXELS // width + 1)
     with warnings.catch_warnings():
         warnings.simplefilter(action, Image.DecompressionBombWarning)
         with pytest.raises(ImageTooLargeError, match="decompression bomb"):

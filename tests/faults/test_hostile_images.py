@@ -6,7 +6,6 @@ the server keeps serving."""
 from __future__ import annotations
 
 import io
-import zlib
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from PIL import Image
 
 from service.app import create_app
 from service.settings import Settings
+from tests.conftest import png_header_only
 
 MAX_PIXELS = 1_000_000
 
@@ -24,15 +24,6 @@ def _save(img: Image.Image, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format=fmt, **kw)
     return buf.getvalue()
-
-
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG that claims width x height (an 8-bit grey IHDR) with one tiny IDAT: a bomb by its header."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 0, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + \
-        chunk(b"IEND", b"")
 
 
 def _corpus() -> dict[str, tuple[bytes, int, int]]:
@@ -47,8 +38,8 @@ def _corpus() -> dict[str, tuple[bytes, int, int]]:
     jpeg = _save(rgb, "JPEG")
     return {
         "at-limit-grey.png": (_save(Image.new("L", (1000, 1000), 128), "PNG"), 200, 201),
-        "past-limit-header.png": (_png_header_only(1001, 1000), 413, 413),
-        "huge-header.png": (_png_header_only(100_000, 100_000), 413, 413),
+        "past-limit-header.png": (png_header_only(1001, 1000), 413, 413),
+        "huge-header.png": (png_header_only(100_000, 100_000), 413, 413),
         "16-bit.png": (_save(Image.fromarray(deep), "PNG"), 200, 201),
         "cmyk.jpg": (_save(rgb.convert("CMYK"), "JPEG"), 200, 201),
         "rgba.png": (_save(rgb.convert("RGBA"), "PNG"), 200, 201),
