@@ -40,6 +40,7 @@ from torch import nn
 from regis.errors import ConfigError
 from regis.models.encoder import RegisEncoder
 from training.photos import edits
+from training.photos.train import region_shows
 
 ARMS = ("head", "tail1", "tail2", "tail3", "all")
 METADATA_KEY = "regis.finetune"
@@ -208,12 +209,7 @@ def batch_ignore(photo: torch.Tensor, box: torch.Tensor, view_box: torch.Tensor)
     Args:
         photo: (B,) int64 photo of each instance; box: (B, 4) its region; view_box: (B, 4) its view's region [px].
     """
-    iw = (torch.minimum(view_box[:, None, 2], box[None, :, 2])
-          - torch.maximum(view_box[:, None, 0], box[None, :, 0])).clamp(min=0)
-    ih = (torch.minimum(view_box[:, None, 3], box[None, :, 3])
-          - torch.maximum(view_box[:, None, 1], box[None, :, 1])).clamp(min=0)
-    area = ((view_box[:, 2] - view_box[:, 0]) * (view_box[:, 3] - view_box[:, 1]))[:, None]
-    shows = (photo[:, None] == photo[None, :]) & (iw * ih >= 0.75 * area)
+    shows = region_shows(photo, view_box, photo, box)
     return shows & ~torch.eye(len(photo), dtype=torch.bool, device=photo.device)
 
 

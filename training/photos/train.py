@@ -102,17 +102,28 @@ def project(head: TokenHead | None, tokens: torch.Tensor) -> torch.Tensor:
     return F.normalize(head(x) if head is not None else x, dim=-1)
 
 
-def positives(cache: InstanceCache, views_of: torch.Tensor, view_idx: torch.Tensor,
-              gallery_of: torch.Tensor) -> torch.Tensor:
-    """(B, N) bool: gallery instance n is a right answer for the view (instance ``views_of[b]``, view
-    ``view_idx[b]``): its own instance, or an instance of the same photo showing >= 75 % of the view's region."""
-    vb = cache.view_box[views_of, view_idx]  # (B, 4)
-    gb = cache.box[gallery_of]  # (N, 4)
-    same = cache.photo[views_of][:, None] == cache.photo[gallery_of][None, :]
+def region_shows(view_photo: torch.Tensor, view_box: torch.Tensor, gallery_photo: torch.Tensor,
+                 gallery_box: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: gallery region n is of the same photo as view b and covers >= 75 % of the view's region.
+
+    Args:
+        view_photo: (B,) int64 photo of each view; view_box: (B, 4) float32 its region in the photo [px].
+        gallery_photo: (N,) int64; gallery_box: (N, 4) float32, likewise.
+    """
+    vb, gb = view_box, gallery_box
     iw = (torch.minimum(vb[:, None, 2], gb[None, :, 2]) - torch.maximum(vb[:, None, 0], gb[None, :, 0])).clamp(min=0)
     ih = (torch.minimum(vb[:, None, 3], gb[None, :, 3]) - torch.maximum(vb[:, None, 1], gb[None, :, 1])).clamp(min=0)
     area = ((vb[:, 2] - vb[:, 0]) * (vb[:, 3] - vb[:, 1]))[:, None]
-    shows = same & (iw * ih >= 0.75 * area)
+    return (view_photo[:, None] == gallery_photo[None, :]) & (iw * ih >= 0.75 * area)
+
+
+def positives(cache: InstanceCache, views_of: torch.Tensor, view_idx: torch.Tensor,
+              gallery_of: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: gallery instance n is a right answer for the view (instance ``views_of[b]``, view
+    ``view_idx[b]``): its own instance, or an instance of the same photo showing >= 75 % of the view's region
+    (``region_shows``)."""
+    shows = region_shows(cache.photo[views_of], cache.view_box[views_of, view_idx], cache.photo[gallery_of],
+                         cache.box[gallery_of])
     return shows | (views_of[:, None] == gallery_of[None, :])
 
 
