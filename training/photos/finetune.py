@@ -19,7 +19,8 @@ Several arms train in one process on the same batches (the edits cost more CPU t
 its own copy of the starting encoder with its own trainable part (``ARMS``): "head" (backbone frozen: the control),
 "tail2" / "tail3" (the last 2 / 3 stages + ``conv_head`` + the head), "all" (every parameter). BatchNorm statistics
 stay the pretrained ones (the encoder stays in eval mode; RESULTS.md section 1: updating them cost 13 points).
-AdamW, timm's cosine schedule with warm-up, timm's EMA (what is saved).
+AdamW, the project's warm-up + cosine schedule (``training.engine.schedule.warmup_cosine``), timm's EMA (what is
+saved).
 
 Output (``out``): ``<arm>-s<step>.safetensors`` at each step of ``checkpoint_at`` and at the end (the EMA encoder:
 ``backbone.*`` and ``head.*`` float16; metadata ``regis.finetune`` = the config, the arm and the step;
@@ -39,6 +40,7 @@ from torch import nn
 
 from regis.errors import ConfigError
 from regis.models.encoder import RegisEncoder
+from training.engine.schedule import warmup_cosine
 from training.photos import edits
 from training.photos.train import region_shows
 
@@ -55,7 +57,7 @@ class FinetuneConfig(BaseModel):
         batch (B), per_photo (K): instances per batch and per scene photo (the whole + K - 1 regions).
         lr_head, lr_backbone: AdamW learning rates of the head and of the backbone's trainable stages.
         weight_decay: AdamW weight decay (head and backbone alike).
-        warmup_steps: linear warm-up of timm's cosine schedule (to lr x ``min_lr_ratio`` at the end).
+        warmup_steps: linear warm-up of the cosine schedule (to lr x ``min_lr_ratio`` at the end).
         ema_decay: timm ModelEmaV3 decay of the saved weights.
         tau, koleo_weight: InfoNCE temperature, KoLeo weight.
         photo_max_side, region_max_side: photos are kept at most this side [px]; a region is downscaled to
@@ -303,17 +305,6 @@ class _Arm:
         return {"loss": float(loss.detach()), **parts}
 
 
-def lr_scale(step: int, steps: int, cfg: FinetuneConfig) -> float:
-    """The factor of every base learning rate at ``step``: linear warm-up from 0.01 over ``warmup_steps``, then a
-    half cosine to ``min_lr_ratio`` at ``steps`` (timm's CosineLRScheduler's shape, one value for every group)."""
-    import math
-
-    if step < cfg.warmup_steps:
-        return 0.01 + (1 - 0.01) * step / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(1, steps - cfg.warmup_steps)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-
-
 def finetune(start: RegisEncoder, photos: list, kinds: list[str], out: Path, cfg: FinetuneConfig,
              device: str = "cpu", budget_s: float | None = None, progress: bool = True) -> dict:
     """Train every arm of ``cfg`` from ``start`` on the same batches; write ``out`` (module docstring).
@@ -366,7 +357,9 @@ def finetune(start: RegisEncoder, photos: list, kinds: list[str], out: Path, cfg
         if cuda:
             batch["view"] = batch["view"].contiguous(memory_format=torch.channels_last)
             batch["clean"] = batch["clean"].contiguous(memory_format=torch.channels_last)
-        scale = lr_scale(step, steps, cfg)
+        # the project's warm-up + cosine (training.engine.schedule); the warm-up shortened when the budget fits
+        # fewer steps than it
+        scale = warmup_cosine(step, min(cfg.warmup_steps, steps), steps, cfg.min_lr_ratio)
         for arm in arms:
             arm.log.append({"step": step, **arm.step(batch, cfg, scale, step, autocast)})
         images += 2 * len(batch["photo"])
