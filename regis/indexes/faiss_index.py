@@ -146,6 +146,41 @@ def needs_training(index) -> bool:
     return not index.is_trained
 
 
+def hnsw_quantizer(index):
+    """The HNSW coarse quantizer of an IVF index ("IVF65536_HNSW32,SQ8"), None for a flat one or a non-IVF index."""
+    faiss = _faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return None
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    return quantizer if isinstance(quantizer, faiss.IndexHNSW) else None
+
+
+def train(index, vectors: np.ndarray, seed: int = 0) -> None:
+    """Train ``index`` on ``vectors`` (n, D) float32 (n >= ``min_training_vectors(index)``).
+
+    A flat-quantizer IVF index trains as FAISS does (spherical k-means over all lists, then its codec). An IVF
+    index with an HNSW coarse quantizer gets its centroids from FAISS's two-level clustering
+    (``faiss.contrib.clustering.two_level_clustering``: sqrt(nlist) clusters, then each split in proportion to
+    its size; spherical, as IVF inner-product training), which costs ~nlist / sqrt(nlist) times fewer distance
+    computations than one k-means over nlist centroids (FAISS's recipe for 65,536 lists and more, its wiki's
+    "Guidelines to choose an index"); the centroids go into the HNSW graph, then the codec trains on the
+    residuals (``IndexIVF.train`` skips a quantizer that already holds nlist centroids).
+    """
+    if hnsw_quantizer(index) is None:
+        index.train(vectors)
+        return
+    from faiss.contrib.clustering import two_level_clustering
+
+    ivf = _faiss().extract_index_ivf(index)
+    # a sub-cluster gets centroids in proportion to its points: ~39 each on average (``min_training_vectors``),
+    # some a few fewer; FAISS's warning below 39 would fire for those, so its floor is lowered to 16
+    centroids, _ = two_level_clustering(vectors, int(round(math.sqrt(ivf.nlist))), ivf.nlist, spherical=True,
+                                        seed=seed, min_points_per_centroid=16)
+    ivf.quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    index.train(vectors)
+
+
 def min_training_vectors(index) -> int:
     """How many vectors training wants: 39 per IVF list (FAISS's own lower bound for k-means), else 0."""
     ivf = _faiss().try_extract_index_ivf(index)
@@ -186,11 +221,24 @@ def remove_images(index, image_ids: np.ndarray, tokens_per_image: int) -> int:
     return int(index.remove_ids(faiss.IDSelectorBatch(ids)))
 
 
+QUANTIZER_EF_SEARCH = 64  # HNSW search depth of an IVF index's HNSW coarse quantizer (at least nprobe)
+
+
 def search_params(index, nprobe: int | None = None, ef_search: int | None = None):
-    """A per-call ``SearchParameters`` object for ``index`` (None when it has no knobs)."""
+    """A per-call ``SearchParameters`` object for ``index`` (None when it has no knobs).
+
+    IVF: ``nprobe`` lists; with an HNSW coarse quantizer also its search depth, max(``QUANTIZER_EF_SEARCH``,
+    nprobe), passed per call like nprobe (never set on the shared index)."""
     faiss = _faiss()
     if faiss.try_extract_index_ivf(index) is not None:
-        return faiss.SearchParametersIVF(nprobe=int(nprobe)) if nprobe else None
+        if not nprobe:
+            return None
+        params = faiss.SearchParametersIVF(nprobe=int(nprobe))
+        if hnsw_quantizer(index) is not None:
+            quantizer = faiss.SearchParametersHNSW(efSearch=max(QUANTIZER_EF_SEARCH, int(nprobe)))
+            params.quantizer_params = quantizer
+            params.referenced_objects = [quantizer]  # keeps the SWIG object alive as long as params
+        return params
     inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
     if isinstance(inner, faiss.IndexHNSW) and ef_search:
         return faiss.SearchParametersHNSW(efSearch=int(ef_search))

@@ -486,7 +486,7 @@ class IndexWriter:
                     f"FAISS spec {spec!r} needs {faiss_index.min_training_vectors(index)} training vectors, "
                     f"the index has {len(vectors)}: use fewer IVF lists or Flat"
                 )
-            index.train(vectors)
+            faiss_index.train(index, vectors)
         for ids, tokens in store.iter_chunks(_ADD_CHUNK):
             faiss_index.add_tokens(index, ids, tokens)
         return index
