@@ -60,13 +60,28 @@ def spec_codec(spec: str) -> str | None:
     return codec if ivf_nlist(head) is not None and codec else None
 
 
+LIST_VECTORS = 256  # token vectors per IVF list of the large collections whose lists an HNSW graph finds
+HNSW_QUANTIZER_FROM = 16384  # lists (by the 4 sqrt(n) rule) from which the lists are sized and found that way
+HNSW_QUANTIZER = "HNSW32_SQfp16"  # that graph: 32 links per centroid, centroids stored as float16
+MAX_NLIST = 65536  # at most this many lists (two-level training on 39 x 65,536 vectors: 2.6 GB of float32)
+
+
 def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, codec: str | None = None) -> str:
     """The FAISS factory spec regis picks for a collection of ``num_images`` images of ``dim``-d tokens.
 
     Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},{codec}`` with nlist the power of two
-    nearest 4 * sqrt(token vectors), clamped to [256, 65536], and the codec ``codec`` (an index that grows keeps
-    the codec it was written with) or else ``default_codec(dim)``. The Flat limit was 20,000 images; on a CPU a
-    Flat scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
+    nearest 4 * sqrt(n) for n token vectors, at least 256; the codec is ``codec`` (an index that grows keeps the
+    codec it was written with) or else ``default_codec(dim)``. Where that rule asks for ``HNSW_QUANTIZER_FROM``
+    lists or more (n above ~8.4M: 840k images of 10 tokens, 420k of 20), lists of ~``LIST_VECTORS`` vectors
+    instead (the power of two nearest n / 256, at most ``MAX_NLIST``), found through an HNSW graph over float16
+    centroids: ``IVF{nlist}(HNSW32_SQfp16),{codec}`` (trained by ``train``: two-level clustering).
+
+    Why (BENCHMARKS.md section 9): 4 sqrt(n) is FAISS's rule for up to ~1M vectors; with it the codes each probe
+    scans grow as sqrt(n) (244 -> 610 vectors per list from 100k to 1M images of 10 tokens), and the flat
+    quantizer's nlist inner products per query token with them: together most of a 1M query's time. Lists of a
+    fixed length keep the scan constant, and the graph finds them in ~log(nlist) (FAISS's own advice from 1M
+    vectors up, its wiki's "Guidelines to choose an index"). The Flat limit was 20,000 images; on a CPU a Flat
+    scan of 155k token vectors costs ~30 ms per query against ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995
     (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors: enough to train 512 lists). nlist never asks
     for more than the 39 training vectors per list FAISS wants; below 256 lists' worth, Flat stays.
 
@@ -76,10 +91,14 @@ def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, co
     n_vectors = max(1, num_images * tokens_per_image)
     if num_images <= FLAT_MAX_IMAGES or n_vectors < 39 * 256:
         return "Flat"
-    nlist = min(max(2 ** round(math.log2(4 * math.sqrt(n_vectors))), 256), 65536)
+    nlist = max(2 ** round(math.log2(4 * math.sqrt(n_vectors))), 256)
+    quantizer = ""
+    if nlist >= HNSW_QUANTIZER_FROM:
+        nlist = min(2 ** round(math.log2(n_vectors / LIST_VECTORS)), MAX_NLIST)
+        quantizer = f"({HNSW_QUANTIZER})"
     while 39 * nlist > n_vectors:
         nlist //= 2
-    return f"IVF{nlist},{codec or default_codec(dim)}" if nlist >= 256 else "Flat"
+    return f"IVF{nlist}{quantizer},{codec or default_codec(dim)}" if nlist >= 256 else "Flat"
 
 
 def ivf_nlist(spec: str) -> int | None:
@@ -177,7 +196,10 @@ def train(index, vectors: np.ndarray, seed: int = 0) -> None:
     # some a few fewer; FAISS's warning below 39 would fire for those, so its floor is lowered to 16
     centroids, _ = two_level_clustering(vectors, int(round(math.sqrt(ivf.nlist))), ivf.nlist, spherical=True,
                                         seed=seed, min_points_per_centroid=16)
-    ivf.quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    centroids = np.ascontiguousarray(centroids, dtype=np.float32)
+    if not ivf.quantizer.is_trained:  # an HNSW graph over coded centroids ("IVF65536(HNSW32_SQfp16),SQ8")
+        ivf.quantizer.train(centroids)
+    ivf.quantizer.add(centroids)
     index.train(vectors)
 
 

@@ -122,6 +122,14 @@ def test_auto_spec_is_the_benchmarked_one():
     # the values BENCHMARKS.md measured at 100k images: IVF4096,SQ8, nprobe 32, depth 64
     assert spec == "IVF4096,SQ8"
     assert (faiss_index.default_nprobe(spec), faiss_index.default_depth(spec)) == (32, 64)
+    # and at 300k / 1M (BENCHMARKS.md section 9): 4 sqrt(n) up to 8192 lists, then lists of ~256 vectors found
+    # through an HNSW graph over float16 centroids, with the same nprobe and depth
+    assert faiss_index.auto_spec(300_000, T) == "IVF8192,SQ8"
+    spec = faiss_index.auto_spec(1_000_000, T, 256)
+    assert spec == "IVF32768(HNSW32_SQfp16),SQ8" and faiss_index.ivf_nlist(spec) == 32768
+    assert faiss_index.spec_codec(spec) == "SQ8"
+    assert (faiss_index.default_nprobe(spec), faiss_index.default_depth(spec)) == (32, 64)
+    assert faiss_index.auto_spec(10**7, T) == "IVF65536(HNSW32_SQfp16),SQ8"  # capped at MAX_NLIST
 
 
 @pytest.mark.parametrize(("n_images", "spec"), [(2_000, "Flat"), (3_000, "IVF512,SQ8")])
