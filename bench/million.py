@@ -249,11 +249,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, compare: list[dict] | None = None) -> None:
     """Latency and resident memory against images, log-log, with exact MaxSim's latency for reference.
 
     A size measured in several runs (``--rows`` of several files, or ``--sizes 10000,100000,10000,100000``) is
-    drawn as one dot per run and lines through the per-size medians."""
+    drawn as one dot per run and lines through the per-size medians. ``compare`` rows (``--compare``: another
+    spec on the same sizes, e.g. the previous default) are drawn as crosses labelled with their FAISS spec."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -272,6 +273,9 @@ def plot(rows: list[dict], path: Path) -> None:
         for key, colour in (("p50_ms_warm", "C0"), ("exact_p50_ms", "grey")):
             a.scatter([m for m in sizes for _ in runs[m]], [r[key] for m in sizes for r in runs[m]], s=10,
                       color=colour, alpha=0.5)
+    for r in compare or []:
+        a.scatter([r["images"]], [r["p50_ms_warm"]], marker="x", s=40, color="C3",
+                  label=f"p50, {r['spec']} (previous default)")
     a.axhline(30, color="red", lw=0.8, ls=":", label="target p50 at 1M: 30 ms")
     a.set_xlabel("images")
     a.set_ylabel("ms per query (no encoding)")
@@ -320,6 +324,8 @@ def main() -> None:
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--rows", default=None, help="comma list of --json files: print and plot their rows only")
+    p.add_argument("--compare", default=None,
+                   help="with --rows: comma list of --json files drawn as crosses (e.g. the previous default)")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--index", default=None, help=argparse.SUPPRESS)
     p.add_argument("--gt", default=None, help=argparse.SUPPRESS)
@@ -330,9 +336,10 @@ def main() -> None:
     if args.rows:  # table and plot of rows saved by earlier runs (--json), in size order
         rows = sorted((r for f in args.rows.split(",") for r in json.loads(Path(f).read_text())),
                       key=lambda r: r["images"])
-        print(table(rows))
+        compare = [r for f in args.compare.split(",") for r in json.loads(Path(f).read_text())] if args.compare else []
+        print(table(rows + compare))
         if args.plot:
-            plot(rows, args.plot)
+            plot(rows, args.plot, compare)
         return
     print_machine({"bench": "million", "source": str(args.source), "sizes": args.sizes, "slice": args.slice,
                    "encoder_record": args.encoder_record})

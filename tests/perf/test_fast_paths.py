@@ -122,9 +122,10 @@ def test_auto_spec_is_the_benchmarked_one():
     # the values BENCHMARKS.md measured at 100k images: IVF4096,SQ8, nprobe 32, depth 64
     assert spec == "IVF4096,SQ8"
     assert (faiss_index.default_nprobe(spec), faiss_index.default_depth(spec)) == (32, 64)
-    # and at 300k / 1M (BENCHMARKS.md section 9): 4 sqrt(n) up to 8192 lists, then lists of ~256 vectors found
+    # and beyond (BENCHMARKS.md section 9): 4 sqrt(n) up to 4096 lists, then lists of ~256 vectors found
     # through an HNSW graph over float16 centroids, with the same nprobe and depth
-    assert faiss_index.auto_spec(300_000, T) == "IVF8192,SQ8"
+    assert faiss_index.auto_spec(200_000, T) == "IVF4096,SQ8"
+    assert faiss_index.auto_spec(300_000, T) == "IVF16384(HNSW32_SQfp16),SQ8"
     spec = faiss_index.auto_spec(1_000_000, T, 256)
     assert spec == "IVF32768(HNSW32_SQfp16),SQ8" and faiss_index.ivf_nlist(spec) == 32768
     assert faiss_index.spec_codec(spec) == "SQ8"

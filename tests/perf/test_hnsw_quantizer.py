@@ -1,4 +1,4 @@
-"""IVF indexes with an HNSW coarse quantizer ("IVF{nlist}(HNSW32_SQfp16),SQ8", regis's default from ~840k images
+"""IVF indexes with an HNSW coarse quantizer ("IVF{nlist}(HNSW32_SQfp16),SQ8", regis's default from ~210k images
 of 10 tokens; issue 24, BENCHMARKS.md section 9).
 
 Mechanics on clustered synthetic tokens (D = 32) through the real ``IndexWriter`` and ``Searcher``: two-level
