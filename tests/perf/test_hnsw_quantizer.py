@@ -84,6 +84,15 @@ def test_hnsw_index_keeps_its_spec_as_it_grows(tmp_path, data):
         assert int(hit.ids[0]) == int(ids[100])  # an added image is found through the old quantizer
     finally:
         snap.close()
+    with IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), faiss_spec=SPEC) as w:
+        w.delete([int(ids[100])])  # removed from the inverted lists; the graph of centroids stays
+        m = w.commit()
+    snap = IndexSnapshot.open(path)
+    try:
+        assert m.faiss.spec == SPEC and snap.faiss.ntotal == 3199 * 10
+        assert int(ids[100]) not in Searcher(snap).search(data[3100], k=5).ids
+    finally:
+        snap.close()
 
 
 def test_wide_fast_scan_codec_trains_behind_an_hnsw_quantizer(tmp_path, data):
