@@ -186,7 +186,7 @@ def train(index, vectors: np.ndarray, seed: int = 0) -> None:
     A flat-quantizer IVF index trains as FAISS does (spherical k-means over all lists, then its codec). An IVF
     index with an HNSW coarse quantizer gets its centroids from FAISS's two-level clustering
     (``faiss.contrib.clustering.two_level_clustering``: sqrt(nlist) clusters, then each split in proportion to
-    its size; spherical, as IVF inner-product training), which costs ~nlist / sqrt(nlist) times fewer distance
+    its size; spherical, as IVF inner-product training), which costs ~sqrt(nlist) times fewer distance
     computations than one k-means over nlist centroids (FAISS's recipe for 65,536 lists and more, its wiki's
     "Guidelines to choose an index"); the centroids go into the HNSW graph, then the codec trains on the
     residuals (``IndexIVF.train`` skips a quantizer that already holds nlist centroids).

@@ -31,12 +31,17 @@ def clustered_tokens(n: int, seed: int = 0, n_clusters: int = 64, noise: float =
     return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
 
-def write_index(path, tokens, **kwargs):
+def token_encoder():
+    """The (EncoderConfig, WeightsInfo) of these indexes of D-d test tokens, T per image."""
     from regis.models.encoder import EncoderConfig, WeightsInfo
 
     config = EncoderConfig(backbone="test-tokens", kind="cnn", num_registers=T // 2 - 1, dim=D, cue_method="kmeans",
                            mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-    weights = WeightsInfo(source="test", sha256="0" * 64)
+    return config, WeightsInfo(source="test", sha256="0" * 64)
+
+
+def write_index(path, tokens, **kwargs):
+    config, weights = token_encoder()
     with IndexWriter(path, config, weights, **kwargs) as w:
         ids = w.allocate_ids(len(tokens))
         w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)

@@ -14,7 +14,7 @@ from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
 from regis.retrieve.searcher import Searcher
-from tests.perf.test_fast_paths import D, clustered_tokens, recall, write_index
+from tests.perf.test_fast_paths import D, clustered_tokens, recall, token_encoder, write_index
 
 SPEC = "IVF64(HNSW32_SQfp16),SQ8"  # the default's form (``faiss_index.auto_spec``)
 
@@ -66,13 +66,10 @@ def test_hnsw_quantizer_search_keeps_the_exact_ranking(hnsw_index, data):
 
 
 def test_hnsw_index_keeps_its_spec_as_it_grows(tmp_path, data):
-    from regis.models.encoder import EncoderConfig, WeightsInfo
-
     path = tmp_path / "grow"
     write_index(path, data[:3000], faiss_spec=SPEC)
-    config = EncoderConfig(backbone="test-tokens", kind="cnn", num_registers=4, dim=D, cue_method="kmeans",
-                           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-    with IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), faiss_spec=SPEC) as w:
+    config, weights = token_encoder()
+    with IndexWriter(path, config, weights, faiss_spec=SPEC) as w:
         ids = w.allocate_ids(200)
         w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], data[3000:3200])
         m = w.commit()
@@ -84,7 +81,7 @@ def test_hnsw_index_keeps_its_spec_as_it_grows(tmp_path, data):
         assert int(hit.ids[0]) == int(ids[100])  # an added image is found through the old quantizer
     finally:
         snap.close()
-    with IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), faiss_spec=SPEC) as w:
+    with IndexWriter(path, config, weights, faiss_spec=SPEC) as w:
         w.delete([int(ids[100])])  # removed from the inverted lists; the graph of centroids stays
         m = w.commit()
     snap = IndexSnapshot.open(path)
