@@ -81,25 +81,15 @@ def hits_of(encoder, sets: dict, split: str, seeds: list[int], device: str) -> d
 
 def table(base: dict, other: dict) -> dict:
     """Per kind: n, the other's MaxSim and global R@1 [Wilson], and MaxSim - the baseline's MaxSim [bootstrap]."""
-    from training.evaluation.intervals import paired_bootstrap, wilson_interval
+    from training.evaluation.intervals import per_kind_table
     from training.photos.evalset import KINDS
 
     if not (np.array_equal(base["kinds"], other["kinds"]) and np.array_equal(base["photos"], other["photos"])):
         raise ValueError("the two encoders were scored on different query sets")
-    rows = {}
-    for kind in ("all", *KINDS):
-        sel = np.ones(len(base["kinds"]), bool) if kind == "all" else base["kinds"] == kind
-        if not sel.any():
-            continue
-        n = int(sel.sum())
-        row = {"n": n}
-        for s in ("maxsim", "global"):
-            lo, hi = wilson_interval(other[s][sel].sum(), n)
-            row[s] = {"r1": round(float(other[s][sel].mean()), 4), "lo": round(lo, 4), "hi": round(hi, 4)}
-        d, lo, hi = paired_bootstrap(other["maxsim"][sel], base["maxsim"][sel], base["photos"][sel])
-        row["maxsim - base maxsim"] = {"d": round(d, 4), "lo": round(lo, 4), "hi": round(hi, 4)}
-        rows[kind] = row
-    return rows
+    hits = {"maxsim": other["maxsim"], "global": other["global"], "base maxsim": base["maxsim"]}
+    rows = per_kind_table(hits, base["kinds"], base["photos"], [("maxsim", "base maxsim")], kinds_order=KINDS)
+    return {kind: {"n": r["n"], "maxsim": r["scorers"]["maxsim"], "global": r["scorers"]["global"],
+                   "maxsim - base maxsim": r["diffs"]["maxsim - base maxsim"]} for kind, r in rows.items()}
 
 
 def _print(name: str, split: str, rows: dict) -> None:

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     from eval_finetuned import build_sets, encode
 
     from regis.models.encoder import build_encoder
-    from training.evaluation.intervals import paired_bootstrap
+    from training.evaluation.intervals import per_kind_table
     from training.photos.loss import maxsim_matrix
 
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -47,13 +47,12 @@ def main(argv: list[str] | None = None) -> None:
             hits[name].append(d["relevance"][torch.arange(len(best)), best].numpy().astype(float))
         kinds += d["kinds"]
         photos += d["photos"]
-    base, flip = (np.concatenate(v) for v in hits.values())
-    kinds_a, photos_a = np.array(kinds), np.array(photos)
-    for kind in ("all", *sorted(set(kinds))):
-        sel = np.ones(len(kinds_a), bool) if kind == "all" else kinds_a == kind
-        d, lo, hi = paired_bootstrap(flip[sel], base[sel], photos_a[sel])
-        print(f"{kind:7s} n={int(sel.sum()):5d} query {base[sel].mean():.3f} best of query and mirror "
-              f"{flip[sel].mean():.3f}  {d:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    pooled = {name: np.concatenate(v) for name, v in hits.items()}
+    rows = per_kind_table(pooled, kinds, photos, [("best of query and mirror", "query")], digits=None)
+    for kind, row in rows.items():
+        r1, d = row["scorers"], row["diffs"]["best of query and mirror - query"]
+        print(f"{kind:7s} n={row['n']:5d} query {r1['query']['r1']:.3f} best of query and mirror "
+              f"{r1['best of query and mirror']['r1']:.3f}  {d['d']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]")
 
 
 if __name__ == "__main__":

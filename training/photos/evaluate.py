@@ -26,7 +26,7 @@ import torch
 from regis.data.debian_photos import read_corpus
 from regis.models.encoder import RegisEncoder
 from regis.models.head import TokenHead
-from training.evaluation.intervals import paired_bootstrap, wilson_interval
+from training.evaluation.intervals import per_kind_table
 from training.photos.evalset import KINDS, build_eval_set
 from training.photos.features import encode_tokens
 from training.photos.loss import maxsim_matrix
@@ -130,23 +130,9 @@ def evaluate_head(records: list[dict], head: TokenHead | None, tokens: int = 10)
         kinds += rec["kinds"]
         photos += rec["photos"]
     pooled = {name: np.concatenate(v) for name, v in hits.items() if v}
-    kinds_a, photos_a = np.array(kinds), np.array(photos)
-    table = {}
-    for kind in ("all", *KINDS):
-        sel = np.ones(len(kinds_a), bool) if kind == "all" else kinds_a == kind
-        if not sel.any():
-            continue
-        n = int(sel.sum())
-        row = {"n": n}
-        for name, arr in pooled.items():
-            lo, hi = wilson_interval(arr[sel].sum(), n)
-            row[name] = {"r1": round(float(arr[sel].mean()), 4), "lo": round(lo, 4), "hi": round(hi, 4)}
-        if "trained-maxsim" in pooled:
-            row["diff"] = {}
-            for other in SCORERS[:-1]:
-                d, lo, hi = paired_bootstrap(pooled["trained-maxsim"][sel], pooled[other][sel], photos_a[sel])
-                row["diff"][f"trained-maxsim - {other}"] = {"d": round(d, 4), "lo": round(lo, 4), "hi": round(hi, 4)}
-        table[kind] = row
+    diffs = [("trained-maxsim", other) for other in SCORERS[:-1]] if "trained-maxsim" in pooled else []
+    table = {kind: {"n": r["n"], **r["scorers"], **({"diff": r["diffs"]} if diffs else {})}
+             for kind, r in per_kind_table(pooled, kinds, photos, diffs, kinds_order=KINDS).items()}
     return {"per_kind": table, "per_seed": per_seed, "crosscheck": crosscheck(records, head, tokens)}
 
 
