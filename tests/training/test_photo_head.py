@@ -85,17 +85,19 @@ def test_twenty_steps_on_cached_tokens_lower_the_loss(tmp_path, one_thread):
 
 
 def _disk_full_writing(monkeypatch, stem: str) -> None:
-    """Fault point ``Path.write_text`` of a run-directory file named ``stem.*``: the file is created (or truncated),
-    then the write fails as on a full disk."""
-    real = Path.write_text
+    """Fault point: the write of ``write_json_atomic``'s temporary file for the run-directory file ``stem.json``
+    (``regis.indexes.layout.write_bytes_atomic``): the temporary file is created, then the write fails as on a
+    full disk, before the rename."""
+    from regis.indexes import layout
 
-    def write_text(self, *args, **kwargs):
-        if self.stem != stem:
-            return real(self, *args, **kwargs)
-        self.open("w").close()
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    def fake_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        if "w" in mode and Path(path).name.startswith(f"{layout.TMP_PREFIX}{stem}.json"):
+            f.close()
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return f
 
-    monkeypatch.setattr(Path, "write_text", write_text)
+    monkeypatch.setattr(layout, "open", fake_open, raising=False)
 
 
 def test_a_failed_config_or_summary_write_leaves_the_previous_file(tmp_path, one_thread, monkeypatch):

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from regis.errors import ConfigError, WeightsError
+from regis.indexes.layout import write_json_atomic
 from regis.models.head import TokenHead, file_sha256, save_head
 from regis.models.weights import HEAD_RUN_FILE as HEAD_FILE
 from training.photos.features import InstanceCache
@@ -246,9 +247,7 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
         pca_init(head.head if tail is not None else head,
                  torch.cat([pcs.clean[:, :tokens].flatten(0, 1), pcs.views.flatten(0, 2)])[::7])
         ema = ModelEmaV3(head, decay=config.ema_decay)
-        tmp = out / "config.tmp"  # written, then renamed (as the head, checkpoint and tail): never half-written
-        tmp.write_text(json.dumps(config.record(), indent=2) + "\n")
-        tmp.replace(out / "config.json")
+        write_json_atomic(out / "config.json", config.record())  # written, then renamed: never half-written
         (out / "metrics.jsonl").write_text("")
         if val is not None:
             untrained = tail_tokens(val, tail) if tail is not None else val  # the frozen encoder's tokens
@@ -307,9 +306,7 @@ def train_head(train: InstanceCache, val: InstanceCache | None, out: Path, confi
     summary = {"steps": step, "seconds": round(seconds, 1), "val_r1_final": vals[-1] if vals else None,
                "val_r1_best": max(vals) if vals else None, "head_sha256": sha, "head_bytes":
                (out / HEAD_FILE).stat().st_size}
-    tmp = out / "summary.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(out / "summary.json")
+    write_json_atomic(out / "summary.json", summary)
     if file_sha256(out / HEAD_FILE) != sha:  # the file on disk is not the head just saved
         raise WeightsError(f"{out / HEAD_FILE} does not hold the head just written (SHA-256 differs)")
     return summary
