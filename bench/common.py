@@ -138,6 +138,16 @@ class Timer:
         self.s = time.perf_counter() - self.t0
 
 
+def proc_memory() -> dict:
+    """VmRSS, RssAnon, RssFile, VmHWM of this process in bytes (Linux ``/proc/self/status``)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
 def dir_bytes(path: Path) -> int:
     """Disk size of ``path``, bytes: a file's size, or the sizes of the regular files below a folder, each file
     counted once (hard links to one file: once, as ``du``; symbolic links not followed)."""

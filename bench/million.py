@@ -43,17 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, recall_at_k, timed_searches
-
-
-def proc_memory() -> dict:
-    """VmRSS, RssAnon, RssFile of this process in bytes (Linux ``/proc/self/status``)."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-            out[key] = int(value.split()[0]) * 1024
-    return out
+from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, proc_memory, recall_at_k, timed_searches
 
 
 def evict(paths: list[Path]) -> None:

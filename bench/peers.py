@@ -14,6 +14,12 @@ with regis's torch): ``--all`` runs every engine in a subprocess with the interp
 ``--python-torch``, ``--python-fast-plaid``, ``--python-pylate``, after regis's own default row
 (``bench.search`` with regis's defaults), so that one command prints every row of the comparison.
 
+Each peer runs in two processes (``--phase build``, then ``--phase search``), as a user would run it: the
+search process opens the index from disk and its resident memory is measured there (``rss_bytes_per_image``:
+VmRSS after the queries minus VmRSS before the index was opened, over the images; ``rss_total_mib``: the whole
+process), not inflated by the float32 copy of the database that the build needs. Voyager is built in chunks of
+``--add-chunk`` images (one HNSW, added to); fast-plaid and PyLate's PLAID in one call (their k-means sees all).
+
 The database images, queries and exact ground truth are read from ``$REGIS_BENCH_DATA`` (``bench.corpus``,
 ``bench.project``, then ``bench.search`` writes ``gt-*.npz``); this file imports nothing from regis.
 
@@ -34,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, recall_at_k
+from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, proc_memory, recall_at_k
 
 PEER_DIR = DATA_DIR / "peers"
 DEFAULT_PYTHONS = {
@@ -52,11 +58,27 @@ def _gt(n_db: int, n_q: int, tag: str) -> np.ndarray:
 
 
 def _load(args):
+    """(db (N, T, D) float16 memory map, queries (Q, T, D) float32, ground truth (Q, 100) int64, tag)."""
     from bench.data import load_corpus
 
     db, q = load_corpus(args.dim, args.n_db, args.n_queries, args.source)
     tag = "fmnist" if args.source == "fmnist" else Path(args.source).name
     return db, q, _gt(len(db), len(q), tag), tag
+
+
+def _as_float32(db: np.ndarray, start: int = 0, stop: int | None = None):
+    """Images ``start:stop`` of the memory-mapped float16 database as a list of (T, D) float32 torch tensors."""
+    import torch
+
+    return list(torch.from_numpy(np.asarray(db[start:stop], dtype=np.float32)).unbind(0))
+
+
+def _serving_memory(base: dict, n: int) -> dict:
+    """Resident memory of the index in this search process: growth since ``base`` (before the index was opened)."""
+    now = proc_memory()
+    return {"rss_bytes_per_image": (now["VmRSS"] - base["VmRSS"]) / n, "rss_total_mib": now["VmRSS"] / 2**20,
+            "rss_anon_bytes_per_image": (now["RssAnon"] - base["RssAnon"]) / n,
+            "rss_file_bytes_per_image": (now["RssFile"] - base["RssFile"]) / n}
 
 
 def _measure(search_one, search_many, q, gt, k, batch, n_single) -> dict:
@@ -115,15 +137,20 @@ def run_fast_plaid(args) -> list[dict]:
 
     db, q, gt, tag = _load(args)
     path = PEER_DIR / f"fast-plaid-{tag}-{len(db)}"
-    fp = fp_search.FastPlaid(index=str(path), device="cpu")
     marker = PEER_DIR / f"fast-plaid-{tag}-{len(db)}.built.json"
-    if args.rebuild or not marker.exists():
+    if args.phase != "search" and (args.rebuild or not marker.exists()):
+        fp = fp_search.FastPlaid(index=str(path), device="cpu")
         t0 = time.perf_counter()
-        docs = torch.from_numpy(np.asarray(db, dtype=np.float32))
-        fp.create(documents_embeddings=list(docs.unbind(0)), nbits=args.nbits)
-        marker.write_text(json.dumps({"build_s": time.perf_counter() - t0}))
+        fp.create(documents_embeddings=_as_float32(db), nbits=args.nbits)
+        marker.write_text(json.dumps({"build_s": time.perf_counter() - t0, "threads": torch.get_num_threads()}))
+        print("built:", marker.read_text(), flush=True)
+        del fp
+    if args.phase == "build":
+        return []
     built = json.loads(marker.read_text())["build_s"]
     size = dir_bytes(path)
+    base = proc_memory()
+    fp = fp_search.FastPlaid(index=str(path), device="cpu")
     rows = []
     for probe in [int(x) for x in args.probes.split(",")]:
         kw = dict(top_k=args.k, n_ivf_probe=probe, n_full_scores=args.full_scores, show_progress=False)
@@ -137,7 +164,7 @@ def run_fast_plaid(args) -> list[dict]:
         res = _measure(one, many, q, gt, args.k, args.batch, min(args.n_single, len(q)))
         rows.append({"system": "fast-plaid", "params": f"nbits {args.nbits}, n_ivf_probe {probe}, "
                      f"n_full_scores {args.full_scores}", "build_s": built, "bytes_per_image_disk": size / len(db),
-                     **res})
+                     **res, **_serving_memory(base, len(db))})
         print("row:", json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -150,23 +177,28 @@ def run_pylate(args, kind: str) -> list[dict]:
     folder = PEER_DIR / f"pylate-{kind}-{tag}-{len(db)}"
     ids = [str(i) for i in range(len(db))]
     rows = []
+    base = proc_memory()
+    override = args.phase != "search" and (args.rebuild or not folder.exists())
     if kind == "voyager":
-        override = args.rebuild or not folder.exists()
         index = indexes.Voyager(index_folder=str(folder), index_name="idx", override=override,
                                 embedding_size=db.shape[2], M=args.voyager_m, ef_construction=args.voyager_efc)
     else:
-        index = indexes.PLAID(index_folder=str(folder), index_name="idx", override=args.rebuild or not folder.exists(),
-                              nbits=args.nbits, device="cpu", n_full_scores=args.full_scores, show_progress=False)
-    built = None
-    if args.rebuild or not (folder / "built.json").exists():
+        index = indexes.PLAID(index_folder=str(folder), index_name="idx", override=override, nbits=args.nbits,
+                              device="cpu", n_full_scores=args.full_scores, show_progress=False)
+    if args.phase != "search" and (args.rebuild or not (folder / "built.json").exists()):
         t0 = time.perf_counter()
-        docs = torch.from_numpy(np.asarray(db, dtype=np.float32))
-        # one call: PyLate's PLAID trains its centroids on the first call only (later calls are updates)
-        index.add_documents(documents_ids=ids, documents_embeddings=list(docs.unbind(0)))
-        built = time.perf_counter() - t0
-        (folder / "built.json").write_text(json.dumps({"build_s": built}))
-    else:
-        built = json.loads((folder / "built.json").read_text())["build_s"]
+        # PLAID: one call (PyLate's PLAID trains its centroids on the first call only; later calls are updates)
+        step = args.add_chunk if kind == "voyager" else len(db)
+        for start in range(0, len(db), step):
+            index.add_documents(documents_ids=ids[start : start + step],
+                                documents_embeddings=_as_float32(db, start, start + step))
+            print(f"added: {min(start + step, len(db))} images, {time.perf_counter() - t0:.0f} s", flush=True)
+        (folder / "built.json").write_text(json.dumps({"build_s": time.perf_counter() - t0,
+                                                       "threads": torch.get_num_threads()}))
+        print("built:", (folder / "built.json").read_text(), flush=True)
+    if args.phase == "build":
+        return []
+    built = json.loads((folder / "built.json").read_text())["build_s"]
     retriever = retrieve.ColBERT(index=index)
     params = [int(x) for x in (args.ef_search if kind == "voyager" else args.probes).split(",")]
     for p in params:
@@ -189,22 +221,24 @@ def run_pylate(args, kind: str) -> list[dict]:
         label = f"M {args.voyager_m}, ef_c {args.voyager_efc}, ef_search {p}, k_token {args.k_token}" \
             if kind == "voyager" else f"nbits {args.nbits}, n_ivf_probe {p}, n_full_scores {args.full_scores}"
         rows.append({"system": f"PyLate {'Voyager' if kind == 'voyager' else 'PLAID'}", "params": label,
-                     "build_s": built, "bytes_per_image_disk": dir_bytes(folder) / len(db), **res})
+                     "build_s": built, "bytes_per_image_disk": dir_bytes(folder) / len(db), **res,
+                     **_serving_memory(base, len(db))})
         print("row:", json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """Markdown table of peer rows."""
-    out = ["| system | parameters | recall@10 | p50 ms | p99 ms | QPS 1-query | QPS batched | build s | bytes/image |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| system | parameters | recall@10 | p50 ms | p99 ms | QPS 1-query | QPS batched | build s | bytes/image "
+           "(disk or RAM) | RSS bytes/image |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def f(key, fmt, r=r):
             return format(r[key], fmt) if isinstance(r.get(key), (int, float)) else "-"
         size = r.get("bytes_per_image_disk", r.get("bytes_per_image_ram"))
         out.append(f"| {r['system']} | {r['params']} | {f('recall@10', '.4f')} | {f('p50_ms', '.2f')} | "
                    f"{f('p99_ms', '.2f')} | {f('single_qps', '.1f')} | {f('batched_qps', '.1f')} | "
-                   f"{f('build_s', '.1f')} | {format(size, '.0f') if size else '-'} |")
+                   f"{f('build_s', '.1f')} | {format(size, '.0f') if size else '-'} | "
+                   f"{f('rss_bytes_per_image', '.0f')} |")
     return "\n".join(out)
 
 
@@ -227,6 +261,10 @@ def main() -> None:
     p.add_argument("--voyager-m", type=int, default=16)
     p.add_argument("--voyager-efc", type=int, default=100)
     p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--phase", choices=["both", "build", "search"], default="both",
+                   help="build the index only, search a built one only (its memory measured), or both")
+    p.add_argument("--add-chunk", type=int, default=50_000, help="images per Voyager add_documents call")
+    p.add_argument("--build-threads", type=int, default=None, help="torch threads of the build phase (--all)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--python-torch", default=DEFAULT_PYTHONS["torch"])
     p.add_argument("--python-fast-plaid", default=DEFAULT_PYTHONS["fast-plaid"])
@@ -274,22 +312,31 @@ def run_all(args) -> None:
                ("fast-plaid", args.python_fast_plaid, ["--probes", args.probes]),
                ("pylate-voyager", args.python_pylate, ["--ef-search", args.ef_search]),
                ("pylate-plaid", args.python_pylate, ["--probes", args.probes])]
+    build_common = [x for x in common if x not in ("--threads", str(args.threads))] if args.threads else common
+    if args.build_threads:
+        build_common += ["--threads", str(args.build_threads)]
     for name, python, extra in engines:
-        if name not in skip:
-            plan.append((name, [python, "-m", "bench.peers", "--engine", name, *common, *extra,
-                                "--json", str(PEER_DIR / f"{name}.json")]))
-    for name, cmd in plan:
         if name in skip:
             continue
+        if name != "torch":  # the build in its own process, so that the search process's memory is the index's
+            plan.append((f"{name} build", [python, "-m", "bench.peers", "--engine", name, *build_common, *extra,
+                                           "--phase", "build", "--add-chunk", str(args.add_chunk)]
+                         + (["--rebuild"] if args.rebuild else [])))
+        plan.append((name, [python, "-m", "bench.peers", "--engine", name, *common, *extra,
+                            "--phase", "search" if name != "torch" else "both",
+                            "--json", str(PEER_DIR / f"{name}.json")]))
+    for name, cmd in plan:
         print(f"$ {' '.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         for line in proc.stdout.splitlines():
-            if line.startswith(("machine:", "row:", "built:", "result:")):
+            if line.startswith(("machine:", "row:", "built:", "result:", "added:")):
                 print(f"  [{name}] {line}", flush=True)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
             print(f"  [{name}] FAILED (exit {proc.returncode}):\n{tail}", flush=True)
             rows.append({"system": name, "params": f"failed: {tail.splitlines()[-1] if tail else proc.returncode}"})
+            continue
+        if name.endswith(" build"):
             continue
         out = json.loads((PEER_DIR / ("regis-default.json" if name == "regis" else f"{name}.json")).read_text())
         if name == "regis":

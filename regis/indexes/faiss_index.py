@@ -248,7 +248,10 @@ def remove_images(index, image_ids: np.ndarray, tokens_per_image: int) -> int:
     return int(index.remove_ids(faiss.IDSelectorBatch(ids)))
 
 
-QUANTIZER_EF_SEARCH = 64  # HNSW search depth of an IVF index's HNSW coarse quantizer (at least nprobe)
+# HNSW search depth of an IVF index's HNSW coarse quantizer (at least nprobe). 128, not 64: at 1M images, nprobe 32,
+# 64 missed lists the flat quantizer finds (recall@10 0.9863 -> 0.9900 at the same p50; 256: 0.9900; BENCHMARKS.md
+# section 9, run Q, docs/results/million/quantizer-ef-1m-2026-11-29q.txt)
+QUANTIZER_EF_SEARCH = 128
 
 
 def search_params(index, nprobe: int | None = None, ef_search: int | None = None):

@@ -60,7 +60,9 @@ def test_hnsw_quantizer_search_keeps_the_exact_ranking(hnsw_index, data):
         assert quantizer.hnsw.efSearch == before  # the depth goes per call, never onto the shared index
         params = faiss_index.search_params(snap.faiss, nprobe=48)
         assert params.nprobe == 48
-        assert params.referenced_objects[0].efSearch == max(faiss_index.QUANTIZER_EF_SEARCH, 48)
+        assert params.referenced_objects[0].efSearch == faiss_index.QUANTIZER_EF_SEARCH == 128
+        deep = faiss_index.search_params(snap.faiss, nprobe=200)  # more lists than the default depth: depth nprobe
+        assert deep.nprobe == 200 and deep.referenced_objects[0].efSearch == 200
     finally:
         snap.close()
 
