@@ -148,6 +148,15 @@ def proc_memory() -> dict:
     return out
 
 
+def rss_growth(base: dict, now: dict, n: int) -> dict:
+    """Resident memory gained between two ``proc_memory`` snapshots, in bytes per image over ``n`` images
+    (``rss_bytes_per_image``, and its anonymous and file-backed parts), plus ``now``'s whole VmRSS in MiB."""
+    return {"rss_bytes_per_image": (now["VmRSS"] - base["VmRSS"]) / n,
+            "rss_anon_bytes_per_image": (now["RssAnon"] - base["RssAnon"]) / n,
+            "rss_file_bytes_per_image": (now["RssFile"] - base["RssFile"]) / n,
+            "rss_total_mib": now["VmRSS"] / 2**20}
+
+
 def dir_bytes(path: Path) -> int:
     """Disk size of ``path``, bytes: a file's size, or the sizes of the regular files below a folder, each file
     counted once (hard links to one file: once, as ``du``; symbolic links not followed)."""

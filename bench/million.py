@@ -43,7 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, proc_memory, recall_at_k, timed_searches
+from bench.common import (
+    DATA_DIR,
+    dir_bytes,
+    latency_stats,
+    print_machine,
+    proc_memory,
+    recall_at_k,
+    rss_growth,
+    timed_searches,
+)
 
 
 def evict(paths: list[Path]) -> None:
@@ -171,11 +180,8 @@ def measure(args) -> dict:
     codes_b = (vdir / "codes.npy").stat().st_size if (vdir / "codes.npy").exists() else 0
     n = len(db)
     row.update({
-        "rss_bytes_per_image": (after_q["VmRSS"] - base["VmRSS"]) / n,
-        "rss_anon_bytes_per_image": (after_q["RssAnon"] - base["RssAnon"]) / n,
-        "rss_file_bytes_per_image": (after_q["RssFile"] - base["RssFile"]) / n,
+        **rss_growth(base, after_q, n),
         "rss_after_open_bytes_per_image": (after_open["VmRSS"] - base["VmRSS"]) / n,
-        "rss_total_mib": after_q["VmRSS"] / 2**20,
         "faiss_bytes_per_image": faiss_b / n, "codes_bytes_per_image": codes_b / n,
         "locations_bytes_per_image": (vdir / "locations.npy").stat().st_size / n,
         "disk_bytes_per_image": dir_bytes(path) / n,

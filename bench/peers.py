@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, proc_memory, recall_at_k
+from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, proc_memory, recall_at_k, rss_growth
 
 PEER_DIR = DATA_DIR / "peers"
 DEFAULT_PYTHONS = {
@@ -71,14 +71,6 @@ def _as_float32(db: np.ndarray, start: int = 0, stop: int | None = None):
     import torch
 
     return list(torch.from_numpy(np.asarray(db[start:stop], dtype=np.float32)).unbind(0))
-
-
-def _serving_memory(base: dict, n: int) -> dict:
-    """Resident memory of the index in this search process: growth since ``base`` (before the index was opened)."""
-    now = proc_memory()
-    return {"rss_bytes_per_image": (now["VmRSS"] - base["VmRSS"]) / n, "rss_total_mib": now["VmRSS"] / 2**20,
-            "rss_anon_bytes_per_image": (now["RssAnon"] - base["RssAnon"]) / n,
-            "rss_file_bytes_per_image": (now["RssFile"] - base["RssFile"]) / n}
 
 
 def _measure(search_one, search_many, q, gt, k, batch, n_single) -> dict:
@@ -164,7 +156,7 @@ def run_fast_plaid(args) -> list[dict]:
         res = _measure(one, many, q, gt, args.k, args.batch, min(args.n_single, len(q)))
         rows.append({"system": "fast-plaid", "params": f"nbits {args.nbits}, n_ivf_probe {probe}, "
                      f"n_full_scores {args.full_scores}", "build_s": built, "bytes_per_image_disk": size / len(db),
-                     **res, **_serving_memory(base, len(db))})
+                     **res, **rss_growth(base, proc_memory(), len(db))})
         print("row:", json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -222,7 +214,7 @@ def run_pylate(args, kind: str) -> list[dict]:
             if kind == "voyager" else f"nbits {args.nbits}, n_ivf_probe {p}, n_full_scores {args.full_scores}"
         rows.append({"system": f"PyLate {'Voyager' if kind == 'voyager' else 'PLAID'}", "params": label,
                      "build_s": built, "bytes_per_image_disk": dir_bytes(folder) / len(db), **res,
-                     **_serving_memory(base, len(db))})
+                     **rss_growth(base, proc_memory(), len(db))})
         print("row:", json.dumps(rows[-1]), flush=True)
     return rows
 

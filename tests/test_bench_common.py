@@ -31,3 +31,16 @@ def test_print_json_prints_and_writes_the_same_text(tmp_path, capsys):
     assert '"score": 0.5' in text
     print_json(out)  # no path: printed only
     assert capsys.readouterr().out == text + "\n"
+
+
+def test_rss_growth_is_per_image_and_splits_anon_and_file():
+    from bench.common import proc_memory, rss_growth
+
+    base = {"VmRSS": 1000, "RssAnon": 600, "RssFile": 400}
+    now = {"VmRSS": 1000 + 3 * 2**20, "RssAnon": 600 + 2 * 2**20, "RssFile": 400 + 2**20}
+    out = rss_growth(base, now, n=2**10)
+    assert out["rss_bytes_per_image"] == 3 * 2**10
+    assert out["rss_anon_bytes_per_image"] == 2 * 2**10 and out["rss_file_bytes_per_image"] == 2**10
+    assert out["rss_total_mib"] == now["VmRSS"] / 2**20
+    snap = proc_memory()  # the real /proc/self/status fields it reads
+    assert set(snap) >= {"VmRSS", "RssAnon", "RssFile"} and snap["VmRSS"] > 0
