@@ -15,9 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
-from bench.common import DATA_DIR, print_machine
+from bench.common import print_machine
 
 
 def main() -> None:
@@ -32,6 +30,7 @@ def main() -> None:
     import faiss
     import torch
 
+    from bench.data import ground_truth
     from bench.million import corpus_slice, sweep
     from regis.indexes import faiss_index
     from regis.indexes.snapshot import IndexSnapshot
@@ -41,7 +40,7 @@ def main() -> None:
     print_machine({"bench": "quantizer_ef", "index": args.index.name})
     db, q, tag = corpus_slice(args.source, args.n, "first")
     q = q[: args.queries]
-    gt = np.load(DATA_DIR / f"gt-{tag}-{len(db)}x{args.queries}.npz")["ids"][: len(q)]
+    gt, _ = ground_truth(db, q, tag)  # cached by bench.million / bench.search; computed here if missing
     snap = IndexSnapshot.open(args.index)
     try:
         sweep(snap, q, gt, 10, args.sweep.split(",")[0])  # warm-up: pages in, caches filled
