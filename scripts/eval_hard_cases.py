@@ -52,7 +52,7 @@ from regis.models.encoder import RegisEncoder, build_encoder
 from regis.models.geometry import is_aspect, is_two_framings
 from regis.models.transforms import eval_transform
 from regis.scores.maxsim import maxsim_gemm, maxsim_scores
-from training.evaluation.intervals import paired_bootstrap, wilson_interval  # noqa: F401 (re-exported)
+from training.evaluation.intervals import per_kind_table
 
 
 def backbone_pass(encoder: RegisEncoder, images: list[Image.Image], batch: int = 16, roi: bool = False):
@@ -207,28 +207,30 @@ def recall_table(hits: dict[str, np.ndarray], kinds: np.ndarray, photos: np.ndar
                  reference_first: bool) -> str:
     """Recall@1 per kind ("all", then each of ``QUERY_KINDS`` present) for each column of ``hits`` ({name: (Q,)
     0/1 over the same queries}) with its 95 % Wilson interval, then the difference of each other column and
-    ``reference`` with its 95 % photo-cluster bootstrap interval (``paired_bootstrap``): ``reference`` minus the
-    other when ``reference_first``, else the other minus ``reference``."""
+    ``reference`` with its 95 % photo-cluster bootstrap interval: ``reference`` minus the other when
+    ``reference_first``, else the other minus ``reference``. The figures are ``per_kind_table``'s (unrounded),
+    laid out as one text line per kind.
+
+    Raises:
+        ValueError: ``per_kind_table``'s (arrays not all (Q,), ``reference`` not in ``hits`` while others are).
+    """
     others = [f for f in hits if f != reference]
+    pairs = {f: (reference, f) if reference_first else (f, reference) for f in others}
+    table = per_kind_table(hits, kinds, photos, list(pairs.values()), kinds_order=QUERY_KINDS, digits=None)
     width = {f: max(26, len(f) + 13) for f in hits}
     dwidth = {f: max(36, len(f) + len(reference) + 12) for f in others}
-    label = {f: f"{reference} - {f}" if reference_first else f"{f} - {reference}" for f in others}
+    label = {f: f"{a} - {b}" for f, (a, b) in pairs.items()}
     head = f"{'kind':11s} {'n':>4s}" + "".join(f"{f + ' R@1 [95 %]':>{width[f]}s}" for f in hits)
     head += "".join(f"{label[f] + ' [95 %]':>{dwidth[f]}s}" for f in others)
     lines = [head]
-    for kind in ("all", *QUERY_KINDS):
-        sel = np.ones(len(kinds), bool) if kind == "all" else kinds == kind
-        if not sel.any():
-            continue
-        n = int(sel.sum())
-        row = f"{kind:11s} {n:4d}"
+    for kind, r in table.items():
+        row = f"{kind:11s} {r['n']:4d}"
         for f in hits:
-            lo, hi = wilson_interval(hits[f][sel].sum(), n)
-            row += f"{hits[f][sel].mean():{width[f] - 15}.3f} [{lo:.3f}, {hi:.3f}]"
+            s = r["scorers"][f]
+            row += f"{s['r1']:{width[f] - 15}.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
         for f in others:
-            first, second = (hits[reference], hits[f]) if reference_first else (hits[f], hits[reference])
-            d, lo, hi = paired_bootstrap(first[sel], second[sel], photos[sel])
-            row += f"{d:+{dwidth[f] - 19}.3f} [{lo:+.3f}, {hi:+.3f}]"
+            d = r["diffs"][label[f]]
+            row += f"{d['d']:+{dwidth[f] - 19}.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
         lines.append(row)
     return "\n".join(lines)
 

@@ -389,11 +389,44 @@ def direction_scores(q: torch.Tensor, g: torch.Tensor, how: str = "forward") -> 
     raise ValueError(how)
 
 
+def variant_rows(pooled: dict[tuple[str, str], dict[str, np.ndarray]], kinds: np.ndarray, photos: np.ndarray,
+                 ref_key: tuple[str, str], diff_key: str) -> tuple[tuple[str, ...], list[dict]]:
+    """Per (variant, scorer) of ``pooled`` ({(variant, scorer): ``query_hits``' arrays pooled over seeds, (Q,)
+    each}), per kind ("all", then each of ``QUERY_KINDS[:-1]`` that has queries): n, Recall@1 with its 95 % Wilson
+    interval, mAP, and its Recall@1 minus ``ref_key``'s with the 95 % photo-cluster bootstrap interval, the
+    Recall@1 figures ``per_kind_table``'s (unrounded). ``kinds``, ``photos``: (Q,) per query.
+
+    Returns:
+        (the kinds tabulated, in order; one row per key of ``pooled``, in order: {"variant", "scorer", "kinds":
+        {kind: {"n", "R@1", "R@1_95": [lo, hi], "mAP", diff_key: [d, lo, hi]}}}).
+
+    Raises:
+        ValueError: ``ref_key`` not in ``pooled``, or ``per_kind_table``'s (arrays not all (Q,)).
+    """
+    from regis.data.hard_cases import QUERY_KINDS
+    from training.evaluation.intervals import per_kind_table
+
+    if ref_key not in pooled:
+        raise ValueError(f"reference {ref_key} is not among the variants")
+    ids = {key: str(i) for i, key in enumerate(pooled)}  # per_kind_table's scorer names
+    ref = ids[ref_key]
+    table = per_kind_table({ids[key]: h["R@1"] for key, h in pooled.items()}, kinds, photos,
+                           [(i, ref) for i in ids.values()], kinds_order=QUERY_KINDS[:-1], digits=None)
+    rows = []
+    for key, h in pooled.items():
+        row = {"variant": key[0], "scorer": key[1], "kinds": {}}
+        for k, r in table.items():
+            sel = np.ones(len(kinds), bool) if k == "all" else kinds == k
+            s, d = r["scorers"][ids[key]], r["diffs"][f"{ids[key]} - {ref}"]
+            row["kinds"][k] = {"n": r["n"], "R@1": s["r1"], "R@1_95": [s["lo"], s["hi"]],
+                               "mAP": float(h["mAP"][sel].mean()), diff_key: [d["d"], d["lo"], d["hi"]]}
+        rows.append(row)
+    return tuple(table), rows
+
+
 def run3(args) -> int:
     """Round 3: ``round3_variants`` over the encoder caches of ``--seeds``, Recall@1 pooled with intervals."""
-    from eval_hard_cases import paired_bootstrap, pooled_table, query_hits, wilson_interval
-
-    from regis.data.hard_cases import QUERY_KINDS
+    from eval_hard_cases import pooled_table, query_hits
 
     torch.set_num_threads(1)
     hits, kinds, photos = {}, [], []
@@ -413,26 +446,18 @@ def run3(args) -> int:
     kept = next(k for k in pooled if k[0].startswith("kept"))[0]
     print(f"seeds {args.seeds}: {len(kinds)} queries; Recall@1 pooled, 95 % intervals")
     print(pooled_table({s: v for (n, s), v in pooled.items() if n == kept}, kinds, photos))
-    order = ("all", *QUERY_KINDS[:-1])
-    print(f"\n{'variant (maxsim-10 unless said)':58s} " + " ".join(f"{k:>22s}" for k in order))
     ref_key = (kept, "maxsim-10")
     if args.reference:  # the first variant whose name contains it (its maxsim-10 scorer) is the reference instead
         ref_key = next(k for k in pooled if args.reference in k[0] and k[1] == "maxsim-10")
+    diff_key = "minus_reference" if args.reference else "minus_kept"
+    order, rows = variant_rows(pooled, kinds, photos, ref_key, diff_key)
+    print(f"\n{'variant (maxsim-10 unless said)':58s} " + " ".join(f"{k:>22s}" for k in order))
+    if args.reference:
         print(f"differences: minus {ref_key[0]}")
-    ref = pooled[ref_key]["R@1"]
-    rows = []
-    for (name, scorer), h in pooled.items():
-        cells, row = [], {"variant": name, "scorer": scorer, "kinds": {}}
-        for k in order:
-            sel = np.ones(len(kinds), bool) if k == "all" else kinds == k
-            r1 = h["R@1"][sel]
-            d, lo, hi = paired_bootstrap(r1, ref[sel], photos[sel])
-            lo_w, hi_w = wilson_interval(r1.sum(), int(sel.sum()))
-            cells.append(f"{r1.mean():.3f} {d:+.3f} [{lo:+.2f},{hi:+.2f}]")
-            row["kinds"][k] = {"n": int(sel.sum()), "R@1": float(r1.mean()), "R@1_95": [lo_w, hi_w],
-                               "mAP": float(h["mAP"][sel].mean()),
-                               "minus_reference" if args.reference else "minus_kept": [d, lo, hi]}
-        rows.append(row)
+    for row in rows:
+        cells = [f"{c['R@1']:.3f} {c[diff_key][0]:+.3f} [{c[diff_key][1]:+.2f},{c[diff_key][2]:+.2f}]"
+                 for c in row["kinds"].values()]
+        name, scorer = row["variant"], row["scorer"]
         label = name if scorer == "maxsim-10" else f"{name[:40]} [{scorer}]"
         print(f"{label[:58]:58s} " + " ".join(f"{c:>22s}" for c in cells), flush=True)
     if args.json:
