@@ -118,10 +118,11 @@ def bench_encoder(dim: int, tokens_per_image: int = 10, record: str = "bench"):
 
 def build_index(path: Path, db: np.ndarray, faiss_spec: str | None = None, token_store: str | None = None,
                 nprobe: int | None = None, depth: int | None = None, chunk: int = 10_000,
-                encoder_record: str = "bench") -> dict:
+                encoder_record: str = "bench", k_factor: int | None = None) -> dict:
     """Write ``db`` (N, T, D) into a new regis index at ``path`` with ``IndexWriter``; returns timings (s).
 
-    ``encoder_record``: ``bench_encoder``'s ``record`` ("servable": an index ``regis serve`` can open)."""
+    ``encoder_record``: ``bench_encoder``'s ``record`` ("servable": an index ``regis serve`` can open);
+    ``k_factor``: ``FaissInfo.k_factor`` to record (None: regis's)."""
     import shutil
 
     from regis.indexes.table import ImageRecord
@@ -133,7 +134,7 @@ def build_index(path: Path, db: np.ndarray, faiss_spec: str | None = None, token
     config, weights = bench_encoder(d, t, encoder_record)
     t0 = time.perf_counter()
     with IndexWriter(path, config, weights, faiss_spec=faiss_spec, nprobe=nprobe, token_store=token_store,
-                     depth=depth) as w:
+                     depth=depth, k_factor=k_factor) as w:
         ids = w.allocate_ids(n)
         for start in range(0, n, chunk):
             part = ids[start : start + chunk]
@@ -143,4 +144,5 @@ def build_index(path: Path, db: np.ndarray, faiss_spec: str | None = None, token
         manifest = w.commit()
     t2 = time.perf_counter()
     return {"put_s": t1 - t0, "commit_s": t2 - t1, "build_s": t2 - t0, "spec": manifest.faiss.spec,
-            "nprobe": manifest.faiss.nprobe, "depth": manifest.faiss.depth, "token_store": manifest.token_store.spec}
+            "nprobe": manifest.faiss.nprobe, "depth": manifest.faiss.depth, "token_store": manifest.token_store.spec,
+            "k_factor": manifest.faiss.k_factor}

@@ -79,8 +79,10 @@ def corpus_slice(source: Path, n: int, which: str):
     return db[start : start + n], q, tag
 
 
-def index_path(tag: str, n: int, spec: str | None, store: str | None, record: str = "bench") -> Path:
+def index_path(tag: str, n: int, spec: str | None, store: str | None, record: str = "bench",
+               k_factor: int | None = None) -> Path:
     name = f"{tag}-{n}-{(spec or 'auto').replace(',', '_')}-{store or 'default'}"
+    name += f"-kf{k_factor}" if k_factor else ""
     name += "" if record == "bench" else f"-{record}"
     return DATA_DIR / "idx" / name
 
@@ -102,21 +104,23 @@ def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192) -> fl
 
 
 def sweep(snap, q: np.ndarray, gt: np.ndarray, k: int, spec: str) -> list[dict]:
-    """``--sweep "nprobe:depth[:refine[:share]],..."``: recall@10 and warm one-thread p50 / p99 (ms) of the same
-    queries with each search setting (nprobe and depth passed per call; refine and share: a ``Searcher``
-    re-scoring max(refine x k, share x candidates) on float16, default the manifest's); the index's manifest is
-    not changed."""
+    """``--sweep "nprobe:depth[:refine[:share[:k_factor]]],..."``: recall@10 and warm one-thread p50 / p99 (ms) of
+    the same queries with each search setting (nprobe and depth passed per call; refine and share: a ``Searcher``
+    re-scoring max(refine x k, share x candidates) on float16; k_factor: FAISS neighbours re-ranked on the codes
+    (``FaissInfo.k_factor``); each default the manifest's); the index's manifest is not changed."""
     from regis.retrieve.searcher import Searcher
 
     out = []
     for item in spec.split(","):
         nprobe, depth, *rest = item.split(":")
         searcher = Searcher(snap, refine=int(rest[0]) if rest else None,
-                            refine_share=float(rest[1]) if len(rest) > 1 else None)
+                            refine_share=float(rest[1]) if len(rest) > 1 else None,
+                            k_factor=int(rest[2]) if len(rest) > 2 else None)
         lat, found, cands = timed_searches(searcher, q, k, nprobe=int(nprobe), depth=int(depth))
         st = latency_stats(lat)
-        out.append({"nprobe": int(nprobe), "depth": int(depth), "refine": searcher.refine,
-                    "refine_share": searcher.refine_share, "recall@10": recall_at_k(found, gt, k),
+        out.append({"nprobe": int(nprobe), "depth": int(depth), "k_factor": searcher.k_factor,
+                    "refine": searcher.refine, "refine_share": searcher.refine_share,
+                    "recall@10": recall_at_k(found, gt, k),
                     "candidates": float(np.mean(cands)), "p50_ms": st["p50_ms"], "p99_ms": st["p99_ms"]})
         print("sweep:", json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
@@ -146,8 +150,8 @@ def measure(args) -> dict:
     seg_files = [path / "segments" / s.file for s in m.segments]
     k = args.k
     row = {"images": len(db), "spec": m.faiss.spec, "token_store": m.token_store.spec, "nprobe": m.faiss.nprobe,
-           "depth": m.faiss.depth, "dim": m.dim, "open_s": open_s, "refine": searcher.refine,
-           "refine_share": searcher.refine_share}
+           "depth": m.faiss.depth, "k_factor": m.faiss.k_factor, "dim": m.dim, "open_s": open_s,
+           "refine": searcher.refine, "refine_share": searcher.refine_share}
     for phase in ("cold", "warm"):
         if phase == "cold":
             evict(seg_files)
@@ -203,10 +207,11 @@ def parent(args) -> list[dict]:
         gt_path = DATA_DIR / f"gt-{tag}-{len(db)}x{len(q)}.npz"
         print(f"ground truth {n}: {gt_s:.1f} s for {len(q)} queries (cached: {time.perf_counter() - t0:.1f} s)",
               flush=True)
-        path = index_path(tag, n, args.spec, args.token_store, args.encoder_record)
+        path = index_path(tag, n, args.spec, args.token_store, args.encoder_record, args.k_factor)
         built_file = path.with_suffix(".built.json")
         if args.rebuild or not (path / "CURRENT").exists() or not built_file.exists():
-            built = build_index(path, db, args.spec, token_store=args.token_store, encoder_record=args.encoder_record)
+            built = build_index(path, db, args.spec, token_store=args.token_store, encoder_record=args.encoder_record,
+                                k_factor=args.k_factor)
             built_file.write_text(json.dumps(built))
             print("built:", json.dumps({"index": path.name, **built}), flush=True)
         built = json.loads(built_file.read_text())
@@ -309,6 +314,8 @@ def main() -> None:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--spec", default=None, help="FAISS spec (default: regis's choice)")
     p.add_argument("--token-store", default=None, help="token store (default: regis's choice)")
+    p.add_argument("--k-factor", type=int, default=None,
+                   help="FaissInfo.k_factor recorded in the index (default: regis's choice)")
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--encoder-record", choices=["bench", "servable"], default="bench",
                    help="the manifest's encoder: bench (search only) or servable (efficientnet-lite0-regis, "

@@ -67,6 +67,12 @@ def build(
         typer.Option("--token-store", help="Rerank store: SQ4 codes re-scored on float16 (default for new "
                                            "indexes), float16, pq, or a FAISS codec spec."),
     ] = None,
+    k_factor: Annotated[
+        int | None,
+        typer.Option("--k-factor", min=1, help="FAISS neighbours per query token as a multiple of the depth, "
+                                               "re-ranked on the token store's codes (for FAISS codes coarser "
+                                               "than the store's, e.g. the compact layout); default 1."),
+    ] = None,
     metadata: Annotated[
         Path | None, typer.Option("--metadata", help="CSV (with a 'path' column) or JSONL (objects with 'path') of "
                                                      "per-image metadata; paths relative to the folder.")
@@ -106,7 +112,7 @@ def build(
                                                       roi_image_size=roi_image_size, frame=frame,
                                                       query_layout=query_layout),
                       dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store,
-                           metadata=rows),
+                           k_factor=k_factor, metadata=rows),
                       batch_size, as_json)
         return
     from indexer.build import BuildOptions, build_index
@@ -115,7 +121,7 @@ def build(
                           frame, query_layout)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
-                           candidates=candidates,
+                           candidates=candidates, k_factor=k_factor,
                            metadata=rows)
     with _sigterm_as_interrupt():
         report = build_index(images_dir, index, encoder, options)

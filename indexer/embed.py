@@ -60,6 +60,8 @@ class BuildOptions:
             folder, and the index's root widens to the common parent folder when another folder is added.
         candidates: candidate method stored in the manifest, "bounded" or "depth"; None keeps the index's
             ("bounded" for a new one).
+        k_factor: FAISS neighbours per query token as a multiple of the depth, re-ranked on the token store's
+            codes (``FaissInfo.k_factor``); None: the index's while its FAISS spec stays the same, else 1.
         job_id: the queued job this build runs for; recorded with the version it publishes
             (``indexer.job_record``), so that a re-run of the job can report this run's result.
         resume: keep the embeddings of finished batches in the index's staging area (``indexer.resume``) until
@@ -80,6 +82,7 @@ class BuildOptions:
     depth: int | None = None
     replace: bool = False
     candidates: str | None = None
+    k_factor: int | None = None
     metadata: dict[str, dict] | None = None
     job_id: str | None = None
     resume: bool = True

@@ -305,6 +305,38 @@ class CodeStore:
             return None
         return sq4_maxsim(query, self.get_codes(ids), *self.sq4, gemm=gemm, framings=framings)
 
+    def token_sims(self, query: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        """Similarity on the codes of each query vector to its own neighbour tokens (the token re-ranking of
+        ``FaissInfo.k_factor``).
+
+        Args:
+            query: (m, D) float32 query token vectors.
+            token_ids: (m, f) int64 FAISS token ids (image id x T + position, ``faiss_index.token_ids``) of row i's
+                neighbours; -1 where FAISS found none.
+
+        Returns:
+            (m, f) float32 inner products of query row i with the coded tokens of row i (SQ4: on the codes, as
+            ``sq4_maxsim``; other codecs: decoded); -inf where the id is -1.
+        """
+        query = np.asarray(query, dtype=np.float32)
+        m, f = token_ids.shape
+        valid = token_ids >= 0
+        flat = np.where(valid, token_ids, 0).reshape(-1)
+        order = np.argsort(flat, kind="stable")  # sequential reads from the memory map
+        rows = np.empty((len(flat), self.code_size), np.uint8)
+        rows[order] = self.codes.reshape(-1, self.code_size)[flat[order]]
+        rows = rows.reshape(m, f, self.code_size)
+        if self.sq4 is not None:
+            vmin, vdiff = self.sq4
+            scaled = query * (vdiff / 15.0)
+            sims = np.einsum("mfh,mh->mf", (rows & 15).astype(np.float32), np.ascontiguousarray(scaled[:, 0::2]))
+            sims += np.einsum("mfh,mh->mf", (rows >> 4).astype(np.float32), np.ascontiguousarray(scaled[:, 1::2]))
+            sims += (query @ (vmin + vdiff / 30.0)).astype(np.float32)[:, None]
+        else:
+            decoded = decode(self.codec, rows)  # (m, f, D)
+            sims = np.einsum("mfd,md->mf", decoded, query)
+        return np.where(valid, sims, -np.inf).astype(np.float32)
+
     @property
     def nbytes(self) -> int:
         """Bytes of the codes array (next_id x T x code_size)."""

@@ -138,6 +138,12 @@ def default_nprobe(spec: str) -> int:
 FAST_SCAN_DEPTH = 192  # candidate depth of fast-scan PQ indexes (their similarities are coarser than SQ8's)
 
 
+def default_k_factor(spec: str) -> int:
+    """FAISS neighbours fetched per query token, as a multiple of the candidate depth, for a new index of ``spec``
+    (``FaissInfo.k_factor``): 1, FAISS's own similarities, for every spec regis chooses by itself."""
+    return 1
+
+
 def default_depth(spec: str) -> int:
     """The candidate depth k' (neighbours per query token) that regis records for ``spec``: 64 (see
     ``default_nprobe``: depth 32 loses 0.01 of recall@10, 128 gains < 0.001), 192 for a 4-bit fast-scan PQ codec

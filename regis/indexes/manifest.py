@@ -37,6 +37,9 @@ class FaissInfo(BaseModel):
             written before it was recorded.
         candidates: candidate method of an ANN search (``regis.retrieve.candidates``): "bounded" (default, also
             for indexes written before it was recorded: it needs nothing new on disk) or "depth" (before issue 15).
+        k_factor: FAISS returns ``k_factor x depth`` neighbours per query token, and the compressed token store's
+            codes re-rank them to the best ``depth`` (``Searcher``): for FAISS codes coarser than the store's
+            (``faiss_index.COMPACT_CODEC``). 1 (FAISS's own similarities) in indexes written before it was recorded.
     """
 
     spec: str
@@ -45,6 +48,7 @@ class FaissInfo(BaseModel):
     auto: bool = True
     depth: int = 64
     candidates: Literal["depth", "bounded"] = "bounded"
+    k_factor: int = Field(default=1, ge=1)
 
 
 class TokenStoreInfo(BaseModel):

@@ -100,6 +100,9 @@ class IndexWriter:
             stays the same, else ``faiss_index.default_depth``).
         candidates: candidate method recorded in the manifest, "bounded" or "depth"
             (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
+        k_factor: FAISS neighbours fetched per query token, as a multiple of the depth, re-ranked on the token
+            store's codes (``FaissInfo.k_factor``); None: keep the base's while the FAISS spec stays the same, else
+            ``faiss_index.default_k_factor``.
         base: the version this transaction starts from: ``FROM_CURRENT`` (the one CURRENT names), a version
             name, or None (an empty index). A sharded collection's writer passes the version its collection
             record lists (``regis.sharding.layout``), which CURRENT may lag behind.
@@ -124,6 +127,7 @@ class IndexWriter:
         depth: int | None = None,
         candidates: str | None = None,
         base: str | None = FROM_CURRENT,
+        k_factor: int | None = None,
     ):
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -133,6 +137,9 @@ class IndexWriter:
             raise ConfigError(f"depth must be >= 1, got {depth}")
         self._token_store_arg = token_store
         self._depth_arg = depth
+        if k_factor is not None and k_factor < 1:
+            raise ConfigError(f"k_factor must be >= 1, got {k_factor}")
+        self._k_factor_arg = k_factor
         if candidates is not None and candidates not in ("depth", "bounded"):
             raise ConfigError(f"candidates must be 'depth' or 'bounded', got {candidates!r}")
         self._candidates_arg = candidates
@@ -566,6 +573,7 @@ class IndexWriter:
         nprobe = self._nprobe_arg or (self.base.faiss.nprobe if same_spec else faiss_index.default_nprobe(spec))
         depth = self._depth_arg or (self.base.faiss.depth if same_spec else faiss_index.default_depth(spec))
         candidates = self._candidates_arg or (self.base.faiss.candidates if self.base else "bounded")
+        k_factor = self._k_factor_arg or (self.base.faiss.k_factor if same_spec else faiss_index.default_k_factor(spec))
         token_store = self._write_codes(store)
         np.save(self.tmp_dir / LOCATIONS_FILE, self.locations[: self.next_id])
         buddies = None
@@ -583,7 +591,7 @@ class IndexWriter:
             tokens_per_image=self.T,
             dim=self.D,
             faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=nprobe, auto=auto, depth=depth,
-                            candidates=candidates),
+                            candidates=candidates, k_factor=k_factor),
             num_images=num_images,
             next_id=self.next_id,
             segments=self.segments,

@@ -89,15 +89,18 @@ class Searcher:
             (``search_batch``) use ``batch_threads`` (None: every core).
         candidates: candidate method, "depth" or "bounded" (``regis.retrieve.candidates``); None: the
             manifest's.
+        k_factor: FAISS returns ``k_factor x depth`` neighbours per query token, re-ranked on the compressed
+            token store's codes (``CodeStore.token_sims``) to the best ``depth``; 1: FAISS's own similarities
+            (also when the index has no compressed store). None: the manifest's (``FaissInfo.k_factor``).
 
     Raises:
-        ConfigError: refine < 0, refine_share outside 0..1, or an unknown candidate method.
+        ConfigError: refine < 0, refine_share outside 0..1, k_factor < 1, or an unknown candidate method.
     """
 
     def __init__(self, snapshot: IndexSnapshot, device: str | None = "cpu", exact_chunk: int = 8192,
                  use_codes: bool = True, refine: int | None = None,
                  search_threads: int | None = SINGLE_QUERY_THREADS, batch_threads: int | None = None,
-                 candidates: str | None = None, refine_share: float | None = None):
+                 candidates: str | None = None, refine_share: float | None = None, k_factor: int | None = None):
         if refine is None:
             refine = snapshot.manifest.token_store.refine
         if refine < 0:
@@ -107,6 +110,9 @@ class Searcher:
         if not 0.0 <= refine_share <= 1.0:
             raise ConfigError(f"refine_share must be between 0 and 1, got {refine_share}")
         self.candidate_method = cands.check_method(candidates or snapshot.manifest.faiss.candidates)
+        k_factor = snapshot.manifest.faiss.k_factor if k_factor is None else k_factor
+        if k_factor < 1:
+            raise ConfigError(f"k_factor must be >= 1, got {k_factor}")
         self.snapshot = snapshot
         if device is None:
             self.device = None
@@ -122,6 +128,7 @@ class Searcher:
         self.codes = snapshot.codes if use_codes else None
         self.refine = refine
         self.refine_share = float(refine_share)
+        self.k_factor = int(k_factor) if self.codes is not None else 1
         self.search_threads = search_threads
         self.batch_threads = batch_threads or os.cpu_count() or 1
 
@@ -157,12 +164,20 @@ class Searcher:
 
     def _neighbours(self, query: np.ndarray, depth: int, nprobe: int | None,
                     threads: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS's ``depth`` nearest token vectors of each query vector (q, D): sims and ids, (q, depth) each."""
+        """FAISS's ``depth`` nearest token vectors of each query vector (q, D): sims and ids, (q, depth) each,
+        descending per row. With ``k_factor`` > 1, FAISS's ``k_factor x depth`` nearest re-ranked on the codes
+        (``CodeStore.token_sims``): sims are then the codes' similarities."""
         if self.snapshot.faiss.ntotal == 0:
             return (np.full((len(query), depth), -np.inf, dtype=np.float32),
                     np.full((len(query), depth), -1, dtype=np.int64))
         nprobe = nprobe or self.snapshot.manifest.faiss.nprobe
-        return faiss_index.search(self.snapshot.faiss, query, depth, nprobe=nprobe, threads=threads)
+        fetch = min(depth * self.k_factor, max(depth, int(self.snapshot.faiss.ntotal)))
+        sims, ids = faiss_index.search(self.snapshot.faiss, query, fetch, nprobe=nprobe, threads=threads)
+        if fetch == depth:
+            return sims, ids
+        sims = self.codes.token_sims(query, ids)
+        best = np.argsort(-sims, axis=1, kind="stable")[:, :depth]
+        return np.take_along_axis(sims, best, axis=1), np.take_along_axis(ids, best, axis=1)
 
     def _bounded_extra(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, seen: np.ndarray,
                        theta: float, nprobe: int | None, threads: int | None) -> np.ndarray:

@@ -1,0 +1,120 @@
+"""Token re-ranking on the codes (``FaissInfo.k_factor``, issue 24): FAISS returns k_factor x depth neighbours
+per query token and the compressed token store's codes keep the best depth. The similarities are worked out from
+the decoded codes; the searcher's neighbours are exactly the best depth of FAISS's longer list by those; the
+factor is recorded in the manifest and kept as the index grows; old manifests read as 1. Small random tokens."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from regis.errors import ConfigError
+from regis.indexes import codes as token_codes
+from regis.indexes import faiss_index
+from regis.indexes.layout import MANIFEST_FILE
+from regis.indexes.snapshot import IndexSnapshot
+from regis.indexes.table import ImageRecord
+from regis.indexes.writer import IndexWriter
+from regis.retrieve.searcher import Searcher
+
+T, D, N = 10, 32, 2_400  # above FLAT_MAX_IMAGES: an IVF index with the spec asked for
+
+
+def _writer(path, **kwargs) -> IndexWriter:
+    from regis.models.encoder import EncoderConfig, WeightsInfo
+
+    config = EncoderConfig(backbone="test-k-factor", kind="cnn", num_registers=4, dim=D, cue_method="grid",
+                           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    return IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), **kwargs)
+
+
+def _add(path, tokens: np.ndarray, **kwargs):
+    with _writer(path, **kwargs) as w:
+        ids = w.allocate_ids(len(tokens))
+        w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)
+        return w.commit()
+
+
+def _tokens(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, T, D)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("store", ["SQ4", "PQ8"])
+def test_token_sims_are_inner_products_with_the_decoded_codes(tmp_path, store):
+    tokens = _tokens(N, 0)
+    _add(tmp_path / "idx", tokens, token_store=store)
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    query = _tokens(1, 1)[0]
+    rng = np.random.default_rng(2)
+    token_ids = rng.integers(0, N * T, (T, 7))
+    token_ids[3, 5:] = -1  # FAISS found fewer neighbours for this query token
+    sims = snap.codes.token_sims(query, token_ids)
+    assert sims.shape == (T, 7) and sims.dtype == np.float32
+    # by hand: decode image id // T, position id % T, and take the inner product with that row's query vector
+    decoded = snap.codes.get(np.arange(N))  # (N, T, D)
+    for i in range(T):
+        for j in range(7):
+            t = token_ids[i, j]
+            if t < 0:
+                assert sims[i, j] == -np.inf
+            else:
+                assert sims[i, j] == pytest.approx(float(decoded[t // T, t % T] @ query[i]), abs=1e-5)
+    snap.close()
+
+
+def test_neighbours_are_the_best_depth_of_the_longer_faiss_list_by_the_codes(tmp_path):
+    spec = "IVF64,PQ4x4fs"  # coarse FAISS codes (2 bytes per token) beside the SQ4 store
+    m = _add(tmp_path / "idx", _tokens(N, 0), faiss_spec=spec, k_factor=4)
+    assert (m.faiss.spec, m.faiss.k_factor, m.token_store.spec) == (spec, 4, "SQ4")
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    query, depth = _tokens(1, 1)[0], 16
+    searcher = Searcher(snap)
+    assert searcher.k_factor == 4
+    sims, ids = searcher._neighbours(query, depth, None, 1)
+    longer_sims, longer = faiss_index.search(snap.faiss, query, 4 * depth, nprobe=m.faiss.nprobe)
+    code_sims = snap.codes.token_sims(query, longer)
+    for i in range(T):
+        assert set(ids[i]) <= set(longer[i]) and len(set(ids[i])) == depth
+        np.testing.assert_array_equal(sims[i], np.sort(code_sims[i])[::-1][:depth])  # descending, the best depth
+    # factor 1: FAISS's own list and similarities
+    plain_sims, plain_ids = Searcher(snap, k_factor=1)._neighbours(query, depth, None, 1)
+    np.testing.assert_allclose(plain_sims, longer_sims[:, :depth], rtol=1e-6)  # (ties may swap places)
+    assert not np.array_equal(np.sort(plain_ids, axis=1), np.sort(ids, axis=1))  # the codes re-ordered the list
+    # a search still returns exact MaxSim scores for what it ranks
+    result = searcher.search(query, k=10)
+    np.testing.assert_allclose(result.scores, searcher.rerank(query, result.ids), rtol=1e-6)
+    with pytest.raises(ConfigError, match="k_factor"):
+        Searcher(snap, k_factor=0)
+    snap.close()
+
+
+def test_the_factor_is_kept_as_the_index_grows_and_old_manifests_read_as_1(tmp_path):
+    path = tmp_path / "idx"
+    spec = "IVF64,PQ4x4fs"
+    _add(path, _tokens(N, 0), faiss_spec=spec, k_factor=8)
+    m = _add(path, _tokens(100, 3), faiss_spec=spec)
+    assert m.faiss.k_factor == 8 and m.num_images == N + 100
+    assert _add(tmp_path / "default", _tokens(100, 0)).faiss.k_factor == faiss_index.default_k_factor("Flat") == 1
+    with pytest.raises(ConfigError, match="k_factor"):
+        _writer(tmp_path / "bad", k_factor=0)
+    snap = IndexSnapshot.open(path)
+    manifest_file = path / "versions" / snap.name / MANIFEST_FILE
+    snap.close()
+    data = json.loads(manifest_file.read_text())
+    del data["faiss"]["k_factor"]  # a manifest written before the field existed
+    manifest_file.write_text(json.dumps(data))
+    snap = IndexSnapshot.open(path)
+    assert snap.manifest.faiss.k_factor == 1 and Searcher(snap).k_factor == 1
+    snap.close()
+
+
+def test_an_index_without_codes_ignores_the_factor(tmp_path):
+    _add(tmp_path / "idx", _tokens(N, 0), token_store="float16", faiss_spec="IVF64,SQ8", k_factor=4)
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    assert snap.manifest.faiss.k_factor == 4 and snap.codes is None
+    assert Searcher(snap).k_factor == 1  # nothing to re-rank on: FAISS's own list
+    assert token_codes.FLOAT16 == snap.manifest.token_store.spec
+    snap.close()
