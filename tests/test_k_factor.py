@@ -53,6 +53,8 @@ def test_token_sims_are_inner_products_with_the_decoded_codes(tmp_path, store):
     token_ids[3, 5:] = -1  # FAISS found fewer neighbours for this query token
     sims = snap.codes.token_sims(query, token_ids)
     assert sims.shape == (T, 7) and sims.dtype == np.float32
+    # a batch's thousands of rows are decoded a few at a time: same values
+    np.testing.assert_allclose(snap.codes.token_sims(query, token_ids, chunk_tokens=15), sims, rtol=1e-5, atol=1e-6)
     # by hand: decode image id // T, position id % T, and take the inner product with that row's query vector
     decoded = snap.codes.get(np.arange(N))  # (N, T, D)
     for i in range(T):

@@ -195,6 +195,7 @@ def read_codec(path: Path):
 
 
 SQ4_CHUNK_IMAGES = 4096  # images scored per step by ``sq4_maxsim`` (bounds its float32 temporaries)
+TOKEN_SIMS_CHUNK = 32_768  # neighbour tokens decoded per step by ``CodeStore.token_sims`` (32 MiB float32 at 256-d)
 
 
 def sq4_params(codec) -> tuple[np.ndarray, np.ndarray] | None:
@@ -305,7 +306,7 @@ class CodeStore:
             return None
         return sq4_maxsim(query, self.get_codes(ids), *self.sq4, gemm=gemm, framings=framings)
 
-    def token_sims(self, query: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    def token_sims(self, query: np.ndarray, token_ids: np.ndarray, chunk_tokens: int = TOKEN_SIMS_CHUNK) -> np.ndarray:
         """Similarity on the codes of each query vector to its own neighbour tokens (the token re-ranking of
         ``FaissInfo.k_factor``).
 
@@ -313,12 +314,24 @@ class CodeStore:
             query: (m, D) float32 query token vectors.
             token_ids: (m, f) int64 FAISS token ids (image id x T + position, ``faiss_index.token_ids``) of row i's
                 neighbours; -1 where FAISS found none.
+            chunk_tokens: neighbour tokens decoded per step (bounds the float32 temporaries: a batch of queries
+                passes thousands of rows at once).
 
         Returns:
             (m, f) float32 inner products of query row i with the coded tokens of row i (SQ4: on the codes, as
             ``sq4_maxsim``; other codecs: decoded); -inf where the id is -1.
         """
         query = np.asarray(query, dtype=np.float32)
+        m, f = token_ids.shape
+        out = np.empty((m, f), np.float32)
+        step = max(1, chunk_tokens // max(f, 1))
+        for start in range(0, m, step):
+            rows = slice(start, start + step)
+            out[rows] = self._token_sims(query[rows], token_ids[rows])
+        return out
+
+    def _token_sims(self, query: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        """``token_sims`` of one chunk of rows: query (r, D), token_ids (r, f) -> (r, f) float32."""
         m, f = token_ids.shape
         valid = token_ids >= 0
         flat = np.where(valid, token_ids, 0).reshape(-1)
