@@ -71,7 +71,8 @@ def build(
         int | None,
         typer.Option("--k-factor", min=1, help="FAISS neighbours per query token as a multiple of the depth, "
                                                "re-ranked on the token store's codes (for FAISS codes coarser "
-                                               "than the store's, e.g. the compact layout); default 1."),
+                                               "than the store's: the compact layout); default 4 for FAISS "
+                                               "codes of at most 1 bit per dimension, else 1."),
     ] = None,
     metadata: Annotated[
         Path | None, typer.Option("--metadata", help="CSV (with a 'path' column) or JSONL (objects with 'path') of "

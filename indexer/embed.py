@@ -61,7 +61,8 @@ class BuildOptions:
         candidates: candidate method stored in the manifest, "bounded" or "depth"; None keeps the index's
             ("bounded" for a new one).
         k_factor: FAISS neighbours per query token as a multiple of the depth, re-ranked on the token store's
-            codes (``FaissInfo.k_factor``); None: the index's while its FAISS spec stays the same, else 1.
+            codes (``FaissInfo.k_factor``); None: the index's while its FAISS spec stays the same, else
+            ``regis.indexes.faiss_index.default_k_factor``.
         job_id: the queued job this build runs for; recorded with the version it publishes
             (``indexer.job_record``), so that a re-run of the job can report this run's result.
         resume: keep the embeddings of finished batches in the index's staging area (``indexer.resume``) until

@@ -93,3 +93,20 @@ def test_help_texts_keep_their_brackets():
     for cmd in (("serve",), ("index", "build")):
         out = regis(*cmd, "--help", env_extra={"COLUMNS": "200"})
         assert "pip install 'regis[ray]'" in out.stdout, cmd
+
+
+def test_index_build_records_the_k_factor_and_refuses_a_bad_one(photos_dir, tmp_path, cli):
+    index = tmp_path / "kf"
+    out = cli("index", "build", photos_dir, "--index", index, "--backbone", "vit-tiny-reg4-test", "--random-init",
+              "--no-progress", "--token-store", "SQ4", "--k-factor", "2")
+    assert out.returncode == 0, out.stderr
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index)
+    assert snap.manifest.faiss.k_factor == 2 and snap.manifest.token_store.spec == "SQ4"
+    snap.close()
+    found = json.loads(cli("search", index, photos_dir / "skimage-coffee.png", "--json").stdout)
+    assert found["results"][0]["path"] == "skimage-coffee.png"  # neighbours re-ranked on the SQ4 codes
+    out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--k-factor", "0", "--random-init",
+              "--backbone", "vit-tiny-reg4-test")
+    assert out.returncode == 2 and "--k-factor" in out.stderr

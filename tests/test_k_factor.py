@@ -69,7 +69,7 @@ def test_token_sims_are_inner_products_with_the_decoded_codes(tmp_path, store):
 
 def test_neighbours_are_the_best_depth_of_the_longer_faiss_list_by_the_codes(tmp_path):
     spec = "IVF64,PQ4x4fs"  # coarse FAISS codes (2 bytes per token) beside the SQ4 store
-    m = _add(tmp_path / "idx", _tokens(N, 0), faiss_spec=spec, k_factor=4)
+    m = _add(tmp_path / "idx", _tokens(N, 0), faiss_spec=spec)  # 16 bits per 32-d token: k_factor 4 by default
     assert (m.faiss.spec, m.faiss.k_factor, m.token_store.spec) == (spec, 4, "SQ4")
     snap = IndexSnapshot.open(tmp_path / "idx")
     query, depth = _tokens(1, 1)[0], 16
@@ -99,7 +99,11 @@ def test_the_factor_is_kept_as_the_index_grows_and_old_manifests_read_as_1(tmp_p
     _add(path, _tokens(N, 0), faiss_spec=spec, k_factor=8)
     m = _add(path, _tokens(100, 3), faiss_spec=spec)
     assert m.faiss.k_factor == 8 and m.num_images == N + 100
-    assert _add(tmp_path / "default", _tokens(100, 0)).faiss.k_factor == faiss_index.default_k_factor("Flat") == 1
+    assert _add(tmp_path / "default", _tokens(100, 0)).faiss.k_factor == faiss_index.default_k_factor("Flat", D) == 1
+    # the FAISS codes decide the default: at most 1 bit per dimension (the compact layout) 4, else 1
+    specs = ("IVF16384(HNSW32_SQfp16),PQ32x4fs", "IVF4096,PQ64x4fs", "IVF4096,SQ8", "IVF4096,PQ128x4fs", "HNSW32")
+    assert [faiss_index.default_k_factor(s, 256) for s in specs] == [4, 4, 1, 1, 1]
+    assert faiss_index.default_k_factor("IVF4096,PQ640x4fs", 1280) == 1  # regis's wide-token codec: 2 bits / dim
     with pytest.raises(ConfigError, match="k_factor"):
         _writer(tmp_path / "bad", k_factor=0)
     snap = IndexSnapshot.open(path)

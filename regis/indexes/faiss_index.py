@@ -9,6 +9,7 @@ gives one. Search parameters (``nprobe``, ``ef_search``) are passed per call thr
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -138,10 +139,18 @@ def default_nprobe(spec: str) -> int:
 FAST_SCAN_DEPTH = 192  # candidate depth of fast-scan PQ indexes (their similarities are coarser than SQ8's)
 
 
-def default_k_factor(spec: str) -> int:
+COMPACT_K_FACTOR = 4  # k_factor of a new index whose FAISS codes hold at most 1 bit per dimension
+
+
+def default_k_factor(spec: str, dim: int) -> int:
     """FAISS neighbours fetched per query token, as a multiple of the candidate depth, for a new index of ``spec``
-    (``FaissInfo.k_factor``): 1, FAISS's own similarities, for every spec regis chooses by itself."""
-    return 1
+    over ``dim``-d tokens (``FaissInfo.k_factor``): ``COMPACT_K_FACTOR`` when its codec is a 4-bit fast-scan PQ of
+    at most 1 bit per dimension (``PQ{M}x4fs`` with 4 M <= dim: the compact layout, e.g. ``PQ32x4fs`` at 256-d, whose
+    lists FAISS orders too coarsely: at 300k images recall@10 0.787 at k_factor 1, 0.935 at 4 with the SQ4 store;
+    ``PQ64x4fs`` at 1M, k_factor 1: 0.62; BENCHMARKS.md section 9 and its history), else 1, FAISS's own
+    similarities (every spec regis chooses by itself: SQ8, or PQ{D/2}x4fs at 2 bits per dimension)."""
+    match = re.fullmatch(r"PQ(\d+)x4fs", spec_codec(spec) or "")
+    return COMPACT_K_FACTOR if match and 4 * int(match.group(1)) <= dim else 1
 
 
 def default_depth(spec: str) -> int:

@@ -39,7 +39,7 @@ class FaissInfo(BaseModel):
             for indexes written before it was recorded: it needs nothing new on disk) or "depth" (before issue 15).
         k_factor: FAISS returns ``k_factor x depth`` neighbours per query token, and the compressed token store's
             codes re-rank them to the best ``depth`` (``Searcher``): for FAISS codes coarser than the store's
-            (``faiss_index.COMPACT_CODEC``). 1 (FAISS's own similarities) in indexes written before it was recorded.
+            (``faiss_index.default_k_factor``). 1 (FAISS's own similarities) in indexes written before it was recorded.
     """
 
     spec: str

@@ -102,7 +102,7 @@ class IndexWriter:
             (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
         k_factor: FAISS neighbours fetched per query token, as a multiple of the depth, re-ranked on the token
             store's codes (``FaissInfo.k_factor``); None: keep the base's while the FAISS spec stays the same, else
-            ``faiss_index.default_k_factor``.
+            ``faiss_index.default_k_factor`` (4 for FAISS codes of at most 1 bit per dimension, else 1).
         base: the version this transaction starts from: ``FROM_CURRENT`` (the one CURRENT names), a version
             name, or None (an empty index). A sharded collection's writer passes the version its collection
             record lists (``regis.sharding.layout``), which CURRENT may lag behind.
@@ -573,7 +573,8 @@ class IndexWriter:
         nprobe = self._nprobe_arg or (self.base.faiss.nprobe if same_spec else faiss_index.default_nprobe(spec))
         depth = self._depth_arg or (self.base.faiss.depth if same_spec else faiss_index.default_depth(spec))
         candidates = self._candidates_arg or (self.base.faiss.candidates if self.base else "bounded")
-        k_factor = self._k_factor_arg or (self.base.faiss.k_factor if same_spec else faiss_index.default_k_factor(spec))
+        k_factor = self._k_factor_arg or (self.base.faiss.k_factor if same_spec
+                                          else faiss_index.default_k_factor(spec, self.D))
         token_store = self._write_codes(store)
         np.save(self.tmp_dir / LOCATIONS_FILE, self.locations[: self.next_id])
         buddies = None
