@@ -159,5 +159,7 @@ def test_compact_layout_reranks_coarse_faiss_neighbours_on_the_store(tmp_path, c
             np.testing.assert_allclose(ann.scores, searcher.rerank(q, ann.ids), rtol=1e-6)  # exact MaxSim
         recall[k_factor] = hits / (10 * len(queries))
     print("compact layout recall@10 by k_factor:", recall)
-    assert recall[4] >= 0.95 and recall[4] > recall[1]
+    assert recall[4] >= 0.95 and recall[4] >= recall[1]
+    if d == 256:  # at 256-d the coarse codes alone lose some of the exact top 10 (0.952), the re-ranking none (1.0)
+        assert recall[4] > recall[1]
     snap.close()
