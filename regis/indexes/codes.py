@@ -219,6 +219,14 @@ def sq4_params(codec) -> tuple[np.ndarray, np.ndarray] | None:
     return trained[:d], trained[d:]
 
 
+def sq4_terms(query: np.ndarray, vmin: np.ndarray, vdiff: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The query side of ``q . x = q . (vmin + vdiff / 30) + sum_d (q_d vdiff_d / 15) c_d`` (``sq4_maxsim``):
+    the weights of the low nibbles (m, D / 2) and of the high ones (m, D / 2), and the constant (m,), float32."""
+    scaled = query * (vdiff / 15.0)
+    base = (query @ (vmin + vdiff / 30.0)).astype(np.float32)
+    return np.ascontiguousarray(scaled[:, 0::2]), np.ascontiguousarray(scaled[:, 1::2]), base
+
+
 def _gemm_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (m, K) @ b (n, K).T in numpy (float32)."""
     return a @ b.T
@@ -250,9 +258,8 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
 
     n, t, half = codes.shape
     query = np.asarray(query, dtype=np.float32)
-    scaled = query * (vdiff / 15.0)
-    even, odd = np.ascontiguousarray(scaled[:, 0::2]), np.ascontiguousarray(scaled[:, 1::2])
-    base = (query @ (vmin + vdiff / 30.0)).astype(np.float32)[:, None]  # (m, 1)
+    even, odd, base = sq4_terms(query, vmin, vdiff)
+    base = base[:, None]  # (m, 1)
     out = np.empty(n, dtype=np.float32)
     for start in range(0, n, chunk_images):
         flat = codes[start : start + chunk_images].reshape(-1, half)
@@ -346,11 +353,10 @@ class CodeStore:
         rows[order] = self.codes.reshape(-1, self.code_size)[flat[order]]
         rows = rows.reshape(m, f, self.code_size)
         if self.sq4 is not None:
-            vmin, vdiff = self.sq4
-            scaled = query * (vdiff / 15.0)
-            sims = np.einsum("mfh,mh->mf", (rows & 15).astype(np.float32), np.ascontiguousarray(scaled[:, 0::2]))
-            sims += np.einsum("mfh,mh->mf", (rows >> 4).astype(np.float32), np.ascontiguousarray(scaled[:, 1::2]))
-            sims += (query @ (vmin + vdiff / 30.0)).astype(np.float32)[:, None]
+            even, odd, base = sq4_terms(query, *self.sq4)
+            sims = np.einsum("mfh,mh->mf", (rows & 15).astype(np.float32), even)
+            sims += np.einsum("mfh,mh->mf", (rows >> 4).astype(np.float32), odd)
+            sims += base[:, None]
         else:
             decoded = decode(self.codec, rows)  # (m, f, D)
             sims = np.einsum("mfd,md->mf", decoded, query)
