@@ -67,6 +67,11 @@ def build(
         typer.Option("--token-store", help="Rerank store: SQ4 codes re-scored on float16 (default for new "
                                            "indexes), float16, pq, or a FAISS codec spec."),
     ] = None,
+    faiss_codec: Annotated[
+        str | None,
+        typer.Option("--faiss-codec", help="IVF vector codec with the lists still sized by regis as the collection "
+                                           "grows, e.g. PQ32x4fs at 256-d: the compact layout (docs/SCALE.md)."),
+    ] = None,
     k_factor: Annotated[
         int | None,
         typer.Option("--k-factor", min=1, help="FAISS neighbours per query token as a multiple of the depth, "
@@ -113,7 +118,7 @@ def build(
                                                       roi_image_size=roi_image_size, frame=frame,
                                                       query_layout=query_layout),
                       dict(faiss_spec=faiss_index, nprobe=nprobe, depth=depth, token_store=token_store,
-                           k_factor=k_factor, metadata=rows),
+                           k_factor=k_factor, faiss_codec=faiss_codec, metadata=rows),
                       batch_size, as_json)
         return
     from indexer.build import BuildOptions, build_index
@@ -122,7 +127,7 @@ def build(
                           frame, query_layout)
     options = BuildOptions(batch_size=batch_size, num_workers=workers, faiss_spec=faiss_index, nprobe=nprobe,
                            progress=progress, depth=depth, token_store=token_store, replace=replace,
-                           candidates=candidates, k_factor=k_factor,
+                           candidates=candidates, k_factor=k_factor, faiss_codec=faiss_codec,
                            metadata=rows)
     with _sigterm_as_interrupt():
         report = build_index(images_dir, index, encoder, options)

@@ -195,6 +195,7 @@ def build_ray(
     token_store: str | None = None,
     depth: int | None = None,
     k_factor: int | None = None,
+    faiss_codec: str | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     draft: bool = True,
     metadata: dict[str, dict] | None = None,
@@ -211,7 +212,8 @@ def build_ray(
         num_shards: S; must equal an existing collection's.
         settings: Ray settings (batch size, actors, checkpoint size, GPUs).
         weights: weights path for the actors when the encoder's source is a file that moved.
-        faiss_spec, nprobe, token_store, depth, k_factor: each shard's index options (as ``regis index build``).
+        faiss_spec, nprobe, token_store, depth, k_factor, faiss_codec: each shard's index options (as ``regis index
+            build``).
         max_pixels: decompression-bomb limit per image, pixels.
         draft: JPEG draft decoding (as the single-machine build).
         metadata: user metadata rows by path relative to ``images_dir`` (``regis index build --metadata``; they
@@ -237,7 +239,7 @@ def build_ray(
     if not ray.is_initialized():
         ray.init(address=settings.address, namespace=settings.namespace, log_to_driver=False)
     kwargs = dict(faiss_spec=faiss_spec, nprobe=nprobe, images_root=str(root), token_store=token_store, depth=depth,
-                  k_factor=k_factor)
+                  k_factor=k_factor, faiss_codec=faiss_codec)
     t_total = time.perf_counter()
     report = RayBuildReport(images_root=str(root), collection=str(collection), num_shards=num_shards)
     writer = ShardedWriter(collection, num_shards, encoder.config, encoder.weights_info, **kwargs)

@@ -254,7 +254,8 @@ def build_index(
     with open_writer(index_path, encoder.config, encoder.weights_info, faiss_spec=options.faiss_spec,
                      nprobe=options.nprobe, images_root=str(base), lock_timeout_s=options.lock_timeout_s,
                      token_store=options.token_store, depth=options.depth,
-                     candidates=options.candidates, k_factor=options.k_factor) as writer:
+                     candidates=options.candidates, k_factor=options.k_factor,
+                     faiss_codec=options.faiss_codec) as writer:
         t0 = time.perf_counter()
         rebased = _rebase(writer, old_root, base)
         entries = scan_folder(root, exclude=(index_path,), confine_to=base)

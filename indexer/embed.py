@@ -60,6 +60,8 @@ class BuildOptions:
             folder, and the index's root widens to the common parent folder when another folder is added.
         candidates: candidate method stored in the manifest, "bounded" or "depth"; None keeps the index's
             ("bounded" for a new one).
+        faiss_codec: the IVF vector codec regis sizes its FAISS spec with (``IndexWriter(faiss_codec=)``: the
+            compact layout's ``PQ32x4fs``); None: the index's, else regis's.
         k_factor: FAISS neighbours per query token as a multiple of the depth, re-ranked on the token store's
             codes (``FaissInfo.k_factor``); None: the index's while its FAISS spec stays the same, else
             ``regis.indexes.faiss_index.default_k_factor``.
@@ -84,6 +86,7 @@ class BuildOptions:
     replace: bool = False
     candidates: str | None = None
     k_factor: int | None = None
+    faiss_codec: str | None = None
     metadata: dict[str, dict] | None = None
     job_id: str | None = None
     resume: bool = True

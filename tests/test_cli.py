@@ -95,18 +95,22 @@ def test_help_texts_keep_their_brackets():
         assert "pip install 'regis[ray]'" in out.stdout, cmd
 
 
-def test_index_build_records_the_k_factor_and_refuses_a_bad_one(photos_dir, tmp_path, cli):
+def test_index_build_records_the_k_factor_and_codec_and_refuses_bad_ones(photos_dir, tmp_path, cli):
     index = tmp_path / "kf"
     out = cli("index", "build", photos_dir, "--index", index, "--backbone", "vit-tiny-reg4-test", "--random-init",
-              "--no-progress", "--token-store", "SQ4", "--k-factor", "2")
+              "--no-progress", "--token-store", "SQ4", "--k-factor", "2", "--faiss-codec", "SQ4")
     assert out.returncode == 0, out.stderr
     from regis.indexes.snapshot import IndexSnapshot
 
     snap = IndexSnapshot.open(index)
     assert snap.manifest.faiss.k_factor == 2 and snap.manifest.token_store.spec == "SQ4"
+    assert (snap.manifest.faiss.spec, snap.manifest.faiss.codec) == ("Flat", "SQ4")  # 21 images: Flat, codec kept
     snap.close()
     found = json.loads(cli("search", index, photos_dir / "skimage-coffee.png", "--json").stdout)
     assert found["results"][0]["path"] == "skimage-coffee.png"  # neighbours re-ranked on the SQ4 codes
     out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--k-factor", "0", "--random-init",
               "--backbone", "vit-tiny-reg4-test")
     assert out.returncode == 2 and "--k-factor" in out.stderr
+    out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--faiss-codec", "Nonsense12", "--random-init",
+              "--backbone", "vit-tiny-reg4-test")
+    assert out.returncode == 2 and "Nonsense12" in out.stderr and "Traceback" not in out.stderr

@@ -124,3 +124,32 @@ def test_an_index_without_codes_ignores_the_factor(tmp_path):
     assert Searcher(snap).k_factor == 1  # nothing to re-rank on: FAISS's own list
     assert token_codes.FLOAT16 == snap.manifest.token_store.spec
     snap.close()
+
+
+def test_a_faiss_codec_keeps_regis_sizing_the_lists_as_the_index_grows(tmp_path):
+    """The compact layout without a hand-sized spec (``--faiss-codec``): Flat while small, then the IVF lists regis
+    picks for the size with the codec asked for, the codec remembered through the Flat phase and kept after."""
+    path = tmp_path / "idx"
+    m = _add(path, _tokens(1_500, 0), faiss_codec="PQ4x4fs")  # <= 2,000 images: Flat
+    assert (m.faiss.spec, m.faiss.codec, m.faiss.auto, m.faiss.k_factor) == ("Flat", "PQ4x4fs", True, 1)
+    m = _add(path, _tokens(900, 1))  # 24,000 token vectors: 4 sqrt(n) -> 512 lists, the codec asked for at first
+    assert m.faiss.spec == faiss_index.auto_spec(2_400, T, D, "PQ4x4fs") == "IVF512,PQ4x4fs"
+    # 16 bits per 32-d token: the compact layout's token re-ranking and fast-scan depth follow from the spec
+    assert (m.faiss.codec, m.faiss.k_factor, m.faiss.depth) == ("PQ4x4fs", 4, faiss_index.FAST_SCAN_DEPTH)
+    m = _add(path, _tokens(100, 2))
+    assert (m.faiss.spec, m.faiss.codec, m.num_images) == ("IVF512,PQ4x4fs", "PQ4x4fs", 2_500)
+    snap = IndexSnapshot.open(path)
+    query = _tokens(1, 3)[0]
+    searcher = Searcher(snap)
+    result = searcher.search(query, k=10)
+    np.testing.assert_allclose(result.scores, searcher.rerank(query, result.ids), rtol=1e-6)
+    snap.close()
+    # the sizes of BENCHMARKS.md section 9's compact runs, 256-d tokens: the specs measured there
+    assert faiss_index.auto_spec(300_000, 10, 256, "PQ32x4fs") == "IVF16384(HNSW32_SQfp16),PQ32x4fs"
+    assert faiss_index.auto_spec(1_000_000, 10, 256, "PQ32x4fs") == "IVF32768(HNSW32_SQfp16),PQ32x4fs"
+    # without it, the same growth gets regis's codec for the width
+    plain = tmp_path / "plain"
+    _add(plain, _tokens(1_500, 0))
+    assert _add(plain, _tokens(900, 1)).faiss.spec == "IVF512,SQ8"
+    with pytest.raises(ConfigError, match="FAISS cannot build"):
+        _writer(tmp_path / "bad", faiss_codec="PQ5x4fs")  # 32 dimensions do not split into 5 sub-vectors

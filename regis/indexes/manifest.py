@@ -40,6 +40,9 @@ class FaissInfo(BaseModel):
         k_factor: FAISS returns ``k_factor x depth`` neighbours per query token, and the compressed token store's
             codes re-rank them to the best ``depth`` (``Searcher``): for FAISS codes coarser than the store's
             (``faiss_index.default_k_factor``). 1 (FAISS's own similarities) in indexes written before it was recorded.
+        codec: the vector codec regis sizes an auto spec with (``IndexWriter(faiss_codec=)``, e.g. ``PQ32x4fs`` for
+            the compact layout), kept while the index is still ``Flat``; None: the codec of the spec it grew into,
+            else ``faiss_index.default_codec``.
     """
 
     spec: str
@@ -49,6 +52,7 @@ class FaissInfo(BaseModel):
     depth: int = 64
     candidates: Literal["depth", "bounded"] = "bounded"
     k_factor: int = Field(default=1, ge=1)
+    codec: str | None = None
 
 
 class TokenStoreInfo(BaseModel):

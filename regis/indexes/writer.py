@@ -100,6 +100,10 @@ class IndexWriter:
             stays the same, else ``faiss_index.default_depth``).
         candidates: candidate method recorded in the manifest, "bounded" or "depth"
             (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
+        faiss_codec: the IVF vector codec regis sizes its spec with (``faiss_index.auto_spec``), e.g. ``PQ32x4fs``
+            (the compact layout, docs/SCALE.md): the lists still follow the collection's size, the codec stays as it
+            grows; recorded in the manifest (``FaissInfo.codec``). None: the base's, else regis's. Ignored under an
+            explicit ``faiss_spec``.
         k_factor: FAISS neighbours fetched per query token, as a multiple of the depth, re-ranked on the token
             store's codes (``FaissInfo.k_factor``); None: keep the base's while the FAISS spec stays the same, else
             ``faiss_index.default_k_factor`` (4 for FAISS codes of at most 1 bit per dimension, else 1).
@@ -128,6 +132,7 @@ class IndexWriter:
         candidates: str | None = None,
         base: str | None = FROM_CURRENT,
         k_factor: int | None = None,
+        faiss_codec: str | None = None,
     ):
         if keep_versions < 1:
             raise ConfigError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -140,6 +145,9 @@ class IndexWriter:
         if k_factor is not None and k_factor < 1:
             raise ConfigError(f"k_factor must be >= 1, got {k_factor}")
         self._k_factor_arg = k_factor
+        if faiss_codec is not None:
+            faiss_index.new_index(f"IVF256,{faiss_codec}", encoder.dim)  # a codec FAISS can build: checked now
+        self._codec_arg = faiss_codec
         if candidates is not None and candidates not in ("depth", "bounded"):
             raise ConfigError(f"candidates must be 'depth' or 'bounded', got {candidates!r}")
         self._candidates_arg = candidates
@@ -563,7 +571,8 @@ class IndexWriter:
         auto = self.explicit_spec is None
         # an index regis sized keeps the vector codec it was written with as it grows (an SQ8 index written
         # before wide tokens got fast-scan PQ stays SQ8: no rebuild of its FAISS index for that alone)
-        kept_codec = faiss_index.spec_codec(self.base.faiss.spec) if self.base is not None else None
+        codec = self._codec_arg or (self.base.faiss.codec if self.base is not None else None)
+        kept_codec = codec or (faiss_index.spec_codec(self.base.faiss.spec) if self.base is not None else None)
         spec = self.explicit_spec or faiss_index.auto_spec(num_images, self.T, self.D, kept_codec)
         index = self._update_faiss(store, spec)
         if index.ntotal != num_images * self.T:
@@ -592,7 +601,7 @@ class IndexWriter:
             tokens_per_image=self.T,
             dim=self.D,
             faiss=FaissInfo(spec=spec, ntotal=int(index.ntotal), nprobe=nprobe, auto=auto, depth=depth,
-                            candidates=candidates, k_factor=k_factor),
+                            candidates=candidates, k_factor=k_factor, codec=codec),
             num_images=num_images,
             next_id=self.next_id,
             segments=self.segments,
