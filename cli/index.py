@@ -67,6 +67,12 @@ def build(
         typer.Option("--token-store", help="Rerank store: SQ4 codes re-scored on float16 (default for new "
                                            "indexes), float16, pq, or a FAISS codec spec."),
     ] = None,
+    compact: Annotated[
+        bool,
+        typer.Option("--compact", help="The compact layout: ~1.2 KB resident per image at 256-d instead of ~4 KB, "
+                                       "lower recall (docs/SCALE.md section 0); same as --faiss-codec compact "
+                                       "--token-store compact."),
+    ] = False,
     faiss_codec: Annotated[
         str | None,
         typer.Option("--faiss-codec", help="IVF vector codec with the lists still sized by regis as the collection "
@@ -110,6 +116,8 @@ def build(
         backbone, weights, random_init, frame, query_layout = _collection_encoder(
             collection, root, backbone, weights, random_init, frame, query_layout)
     rows = load_metadata_file(metadata) if metadata else None
+    if compact:
+        faiss_codec, token_store = faiss_codec or "compact", token_store or "compact"
     if ray:
         from cluster.cli import build_ray_cli
 

@@ -111,6 +111,13 @@ def test_index_build_records_the_k_factor_and_codec_and_refuses_bad_ones(photos_
     out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--k-factor", "0", "--random-init",
               "--backbone", "vit-tiny-reg4-test")
     assert out.returncode == 2 and "--k-factor" in out.stderr
+    out = cli("index", "build", photos_dir, "--index", tmp_path / "compact", "--backbone", "vit-tiny-reg4-test",
+              "--random-init", "--no-progress", "--compact")
+    assert out.returncode == 0, out.stderr
+    snap = IndexSnapshot.open(tmp_path / "compact")  # a 32-wide test ViT: 4 x 4-bit codes; 210 vectors: SQ4 store
+    assert (snap.manifest.faiss.codec, snap.manifest.token_store.spec, snap.manifest.token_store.rule) == (
+        "PQ4x4fs", "SQ4", "compact")
+    snap.close()
     out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--faiss-codec", "Nonsense12", "--random-init",
               "--backbone", "vit-tiny-reg4-test")
     assert out.returncode == 2 and "Nonsense12" in out.stderr and "Traceback" not in out.stderr

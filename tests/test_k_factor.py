@@ -153,3 +153,33 @@ def test_a_faiss_codec_keeps_regis_sizing_the_lists_as_the_index_grows(tmp_path)
     assert _add(plain, _tokens(900, 1)).faiss.spec == "IVF512,SQ8"
     with pytest.raises(ConfigError, match="FAISS cannot build"):
         _writer(tmp_path / "bad", faiss_codec="PQ5x4fs")  # 32 dimensions do not split into 5 sub-vectors
+
+
+def test_the_compact_preset_sizes_its_codec_and_its_store_as_the_index_grows(tmp_path):
+    """``--compact`` (faiss_codec and token_store "compact"): the FAISS codec PQ{D/8}x4fs with regis's lists, and a
+    store that starts as a plain PQ{D/4} and becomes the residual IVF1024,PQ{D/4} (re-encoded) once 39 x 1,024
+    token vectors can train it; a search still returns exact MaxSim scores, and later writes keep the rule."""
+    path = tmp_path / "idx"
+    m = _add(path, _tokens(1_500, 0), faiss_codec="compact", token_store="compact")
+    assert (m.faiss.spec, m.faiss.codec) == ("Flat", faiss_index.compact_codec(D)) == ("Flat", "PQ4x4fs")
+    assert (m.token_store.spec, m.token_store.rule) == ("PQ8", "compact")  # 15,000 vectors: the plain PQ
+    snap = IndexSnapshot.open(path)
+    codes_before = np.array(snap.codes.codes)
+    snap.close()
+    m = _add(path, _tokens(2_700, 1))  # 42,000 vectors >= 39,936: the residual store, every row re-encoded
+    assert (m.faiss.spec, m.faiss.k_factor) == ("IVF1024,PQ4x4fs", 4)
+    assert (m.token_store.spec, m.token_store.rule, m.token_store.code_size) == ("IVF1024,PQ8", "compact", 10)
+    snap = IndexSnapshot.open(path)
+    assert snap.codes.codes.shape == (4_200, T, 10) and codes_before.shape == (1_500, T, 8)
+    query = _tokens(1, 3)[0]
+    searcher = Searcher(snap)
+    result, exact = searcher.search(query, k=10), searcher.search(query, k=10, mode="exact")
+    np.testing.assert_allclose(result.scores, searcher.rerank(query, result.ids), rtol=1e-6)
+    assert len(np.intersect1d(result.ids, exact.ids)) >= 5  # random tokens: a loose check that it ranks at all
+    snap.close()
+    assert _add(path, _tokens(10, 4)).token_store.rule == "compact"  # kept without being asked again
+    # a collection too small for the PQ's 8-bit codebooks (256 vectors) starts on SQ4
+    assert [token_codes.compact_store(n, 256) for n in (100, 256, 39_935, 39_936)] == [
+        "SQ4", "PQ64", "PQ64", "IVF1024,PQ64"]
+    with pytest.raises(ConfigError, match="divisible by 8"):
+        faiss_index.compact_codec(36)

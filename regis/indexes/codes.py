@@ -88,6 +88,28 @@ def default_store(dim: int) -> str:
     return DEFAULT_STORE
 
 
+COMPACT = "compact"  # the compact layout's store, sized by the collection (``compact_store``)
+COMPACT_STORE_NLIST = 1024  # IVF lists of the compact store's residual PQ once there are tokens to train them
+
+
+def compact_store(num_vectors: int, dim: int) -> str:
+    """The compact layout's token store for ``num_vectors`` live token vectors of ``dim``-d: ``IVF1024,PQ{D/4}``
+    (the residual to one of 1,024 centroids, D / 4 bytes per token + 2 for the list: 0.9263 recall@10 at 300k
+    images, BENCHMARKS.md section 9) once there are 39 training vectors per list (4k images of 10 tokens), before
+    that the plain ``PQ{D/4}`` (0.8547 there), and under the 256 vectors its 8-bit codebooks need (25 images of 10
+    tokens) ``SQ4``. The writer re-encodes the store when the spec changes.
+
+    Raises:
+        ConfigError: D not a multiple of 4.
+    """
+    if dim % 4:
+        raise ConfigError(f"the compact token store needs a width divisible by 4, got D = {dim}")
+    pq = f"PQ{dim // 4}"
+    if num_vectors < 256:
+        return DEFAULT_STORE
+    return f"IVF{COMPACT_STORE_NLIST},{pq}" if num_vectors >= 39 * COMPACT_STORE_NLIST else pq
+
+
 def resolve_spec(spec: str, dim: int) -> str:
     """``pq`` -> ``RR{D},PQ{D/4}`` (96 bytes per 384-d token: 960 bytes per 10-token image; BENCHMARKS.md:
     recall@10 0.995 vs 0.997 for float16 at 100k images); any other spec is returned as given.
@@ -103,11 +125,15 @@ def resolve_spec(spec: str, dim: int) -> str:
 
 
 def check_spec(spec: str, dim: int) -> str:
-    """Validate a token store spec (``float16``, ``pq`` or a codec spec); returns it resolved (``resolve_spec``).
+    """Validate a token store spec (``float16``, ``pq``, ``compact`` or a codec spec); returns it resolved
+    (``resolve_spec``; ``compact`` stays ``compact``: its spec follows the collection, ``compact_store``).
 
     Raises:
-        ConfigError: as ``new_codec``.
+        ConfigError: as ``new_codec`` / ``compact_store``.
     """
+    if spec == COMPACT:
+        compact_store(0, dim)
+        return spec
     spec = resolve_spec(spec, dim)
     if spec != FLOAT16:
         new_codec(spec, dim)

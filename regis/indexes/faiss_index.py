@@ -140,6 +140,20 @@ FAST_SCAN_DEPTH = 192  # candidate depth of fast-scan PQ indexes (their similari
 
 
 COMPACT_K_FACTOR = 4  # k_factor of a new index whose FAISS codes hold at most 1 bit per dimension
+COMPACT = "compact"  # IndexWriter(faiss_codec="compact"): ``compact_codec``
+
+
+def compact_codec(dim: int) -> str:
+    """The compact layout's IVF vector codec for ``dim``-d tokens: ``PQ{D/8}x4fs``, 4-bit fast-scan codes of 8
+    dimensions each (D / 16 bytes per token: 16 at 256-d), re-ranked on the token store (``default_k_factor``).
+    BENCHMARKS.md section 9: with the ``codes.compact_store`` store, 1,221 B resident per image at 300k images.
+
+    Raises:
+        ConfigError: D not a multiple of 8.
+    """
+    if dim % 8:
+        raise ConfigError(f"the compact layout's FAISS codec needs a width divisible by 8, got D = {dim}")
+    return f"PQ{dim // 8}x4fs"
 
 
 def default_k_factor(spec: str, dim: int) -> int:

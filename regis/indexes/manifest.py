@@ -66,12 +66,15 @@ class TokenStoreInfo(BaseModel):
         refine_share: compressed store: and at least this share (0..1) of the query's candidates, so that the
             re-scored rows follow the candidate count as the collection grows (``Searcher.refine_rows``); 0.0 in
             indexes written before it was recorded (they re-score ``refine x k`` at every size).
+        rule: "compact" when regis picks ``spec`` by the collection's size at every write
+            (``regis.indexes.codes.compact_store``), else None (the spec stays as written).
     """
 
     spec: str = "float16"
     code_size: int | None = None
     refine: int = 4
     refine_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    rule: Literal["compact"] | None = None
 
 
 class BuddyInfo(BaseModel):

@@ -93,17 +93,18 @@ class IndexWriter:
         images_root: absolute path of the indexed folder, recorded in the manifest (None: keep the base's).
         keep_versions: published versions kept on disk after a commit (>= 1).
         lock_timeout_s: how long to wait for another writer to finish.
-        token_store: what the ANN rerank reads: "float16" (the segments), "pq" (``RR{D},PQ{D/4}``) or a FAISS
-            codec spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's (an index written with
-            float16 stays float16), else ``codes.default_store``.
+        token_store: what the ANN rerank reads: "float16" (the segments), "pq" (``RR{D},PQ{D/4}``), "compact"
+            (``codes.compact_store``, re-picked by size at every write: ``TokenStoreInfo.rule``) or a FAISS codec
+            spec such as "PQ96" (``regis.indexes.codes``); None keeps the base's (an index written with float16
+            stays float16; a compact one stays compact), else ``codes.default_store``.
         depth: default candidate depth k' recorded in the manifest (None: keep the base's while the FAISS spec
             stays the same, else ``faiss_index.default_depth``).
         candidates: candidate method recorded in the manifest, "bounded" or "depth"
             (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
         faiss_codec: the IVF vector codec regis sizes its spec with (``faiss_index.auto_spec``), e.g. ``PQ32x4fs``
-            (the compact layout, docs/SCALE.md): the lists still follow the collection's size, the codec stays as it
-            grows; recorded in the manifest (``FaissInfo.codec``). None: the base's, else regis's. Ignored under an
-            explicit ``faiss_spec``.
+            (the compact layout, docs/SCALE.md; "compact": ``faiss_index.compact_codec``): the lists still follow the
+            collection's size, the codec stays as it grows; recorded in the manifest (``FaissInfo.codec``). None:
+            the base's, else regis's. Ignored under an explicit ``faiss_spec``.
         k_factor: FAISS neighbours fetched per query token, as a multiple of the depth, re-ranked on the token
             store's codes (``FaissInfo.k_factor``); None: keep the base's while the FAISS spec stays the same, else
             ``faiss_index.default_k_factor`` (4 for FAISS codes of at most 1 bit per dimension, else 1).
@@ -145,6 +146,8 @@ class IndexWriter:
         if k_factor is not None and k_factor < 1:
             raise ConfigError(f"k_factor must be >= 1, got {k_factor}")
         self._k_factor_arg = k_factor
+        if faiss_codec == faiss_index.COMPACT:
+            faiss_codec = faiss_index.compact_codec(encoder.dim)
         if faiss_codec is not None:
             faiss_index.new_index(f"IVF256,{faiss_codec}", encoder.dim)  # a codec FAISS can build: checked now
         self._codec_arg = faiss_codec
@@ -524,11 +527,16 @@ class IndexWriter:
     def _write_codes(self, store: TokenStore) -> TokenStoreInfo:
         """Write codec.faiss + codes.npy for a compressed token store; reuses the base's codec (encoding only
         the new rows) while the spec stays the same, else trains one on a sample of the live tokens."""
-        spec = self._token_store_arg or (
-            self.base.token_store.spec if self.base else token_codes.default_store(self.D))
+        live = store.live_ids
+        arg = self._token_store_arg
+        rule = token_codes.COMPACT if arg == token_codes.COMPACT else (
+            None if arg or self.base is None else self.base.token_store.rule)
+        if rule == token_codes.COMPACT:
+            spec = token_codes.compact_store(len(live) * self.T, self.D)
+        else:
+            spec = arg or (self.base.token_store.spec if self.base else token_codes.default_store(self.D))
         if spec == token_codes.FLOAT16:
             return TokenStoreInfo()
-        live = store.live_ids
         codes_path = self._base_dir / token_codes.CODES_FILE if self._base_dir is not None else None
         reuse = self.base is not None and self.base.token_store.spec == spec and codes_path.is_file()
         if reuse:
@@ -559,7 +567,7 @@ class IndexWriter:
             refine, share = self.base.token_store.refine, self.base.token_store.refine_share
         else:
             refine, share = token_codes.DEFAULT_REFINE, token_codes.DEFAULT_REFINE_SHARE
-        return TokenStoreInfo(spec=spec, code_size=cs, refine=refine, refine_share=share)
+        return TokenStoreInfo(spec=spec, code_size=cs, refine=refine, refine_share=share, rule=rule)
 
     def _write_version(self, report: dict | None) -> Manifest:
         self._finish_segment()
