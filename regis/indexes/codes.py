@@ -298,6 +298,15 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
     return out
 
 
+def take_sorted(array: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``array[ids]`` for a memory-mapped ``array`` (rows on axis 0), read in ascending row order (sequential reads
+    from the map) and returned in the order of ``ids`` (n,) int64 (valid rows; the caller checks)."""
+    order = np.argsort(ids, kind="stable")
+    out = np.empty((len(ids), *array.shape[1:]), array.dtype)
+    out[order] = array[ids[order]]
+    return out
+
+
 class CodeStore:
     """Read access to the compressed tokens of one index version.
 
@@ -327,11 +336,7 @@ class CodeStore:
 
     def get_codes(self, ids: np.ndarray) -> np.ndarray:
         """Codes of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, code_size) uint8."""
-        ids = np.asarray(ids, dtype=np.int64)
-        order = np.argsort(ids, kind="stable")  # sequential reads from the memory map
-        codes = np.empty((len(ids), self.tokens_per_image, self.code_size), np.uint8)
-        codes[order] = self.codes[ids[order]]
-        return codes
+        return take_sorted(self.codes, np.asarray(ids, dtype=np.int64))
 
     def get(self, ids: np.ndarray) -> np.ndarray:
         """Decoded tokens of ``ids`` (n,) int64 (live ids; the caller checks): (n, T, D) float32."""
@@ -374,10 +379,7 @@ class CodeStore:
         m, f = token_ids.shape
         valid = token_ids >= 0
         flat = np.where(valid, token_ids, 0).reshape(-1)
-        order = np.argsort(flat, kind="stable")  # sequential reads from the memory map
-        rows = np.empty((len(flat), self.code_size), np.uint8)
-        rows[order] = self.codes.reshape(-1, self.code_size)[flat[order]]
-        rows = rows.reshape(m, f, self.code_size)
+        rows = take_sorted(self.codes.reshape(-1, self.code_size), flat).reshape(m, f, self.code_size)
         if self.sq4 is not None:
             even, odd, base = sq4_terms(query, *self.sq4)
             sims = np.einsum("mfh,mh->mf", (rows & 15).astype(np.float32), even)
