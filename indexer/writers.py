@@ -11,12 +11,33 @@ from regis.indexes.manifest import read_manifest
 from regis.indexes.writer import IndexWriter
 
 
+def layout_options(index_dir: str | Path) -> dict[str, str]:
+    """The ``IndexWriter`` arguments that the layout of the collection in ``index_dir`` asks for
+    (``CollectionConfig.writer_options``) while it has no index version yet; {} once it has one (its manifest
+    keeps the layout it was written with: ``FaissInfo.codec``, ``TokenStoreInfo.rule``), for a sharded
+    collection, and for a folder that is no collection (no ``collection.json``, a deleted one's tombstone).
+
+    Raises:
+        ConfigError: an unreadable ``collection.json``.
+    """
+    from regis.indexes.collections import read_config
+    from regis.sharding.layout import is_sharded
+
+    index_dir = Path(index_dir)
+    if not index_dir.is_dir() or read_current(index_dir) is not None or is_sharded(index_dir):
+        return {}
+    config = read_config(index_dir)
+    return config.writer_options() if config is not None else {}
+
+
 def open_writer(index_dir: str | Path, encoder, weights, **writer_kwargs):
     """The writer of an index: ``IndexWriter``, or for a sharded collection a ``CollectionWriter`` (the same
-    interface in global ids, over every shard; ``regis.sharding.write``).
+    interface in global ids, over every shard; ``regis.sharding.write``). A collection's first version is
+    written in the collection's layout (``layout_options``), but for a codec or store ``writer_kwargs`` name.
 
     Raises:
         IndexMismatchError / IndexLockedError: as ``IndexWriter``.
+        ConfigError: an unreadable ``collection.json``.
     """
     from regis.sharding.layout import is_sharded
 
@@ -24,6 +45,9 @@ def open_writer(index_dir: str | Path, encoder, weights, **writer_kwargs):
         from regis.sharding.write import CollectionWriter
 
         return CollectionWriter(index_dir, encoder, weights, **writer_kwargs)
+    for key, value in layout_options(index_dir).items():
+        if writer_kwargs.get(key) is None:
+            writer_kwargs[key] = value
     return IndexWriter(index_dir, encoder, weights, **writer_kwargs)
 
 

@@ -45,3 +45,5 @@ FrameName = Literal["center-crop", "squash", "pad", "aspect", "center-crop+aspec
 QueryLayoutName = Literal["tokens", "tokens+roi-cues"]
 """How CNN queries are encoded on CPU (``regis.models.inference``): ONNX Runtime when installed ("auto"), ONNX
 Runtime ("onnx") or the folded torch copy ("torch")."""
+# a collection's index layout (``regis.indexes.collections.CollectionConfig.layout``; docs/SCALE.md section 0)
+IndexLayoutName = Literal["default", "compact"]

@@ -208,7 +208,8 @@ class CollectionRegistry:
                         "under /v1/collections/{name}/search", collections=names)
 
     def describe(self, name: str) -> dict:
-        """{"name", "default", "loaded", "index_version", "images", "backbone", "config"} of a collection."""
+        """{"name", "default", "loaded", "index_version", "images", "backbone", "layout", "config"} of a
+        collection."""
         self._check(name)
         live = self._live.get(name)
         engine = live.engine if live is not None else None
@@ -226,7 +227,8 @@ class CollectionRegistry:
         else:  # the default collection before its first version
             body = {"index_version": None, "images": 0, "config": CollectionConfig().model_dump(),
                     "backbone": self.settings.backbone or DEFAULT_BACKBONE}
-        return {**body, "name": name, "default": name == self.default_name, "loaded": engine is not None}
+        return {**body, "name": name, "default": name == self.default_name, "loaded": engine is not None,
+                "layout": body["config"]["layout"]}
 
     def create(self, name: str, config: CollectionConfig) -> dict:
         """Create an empty collection.

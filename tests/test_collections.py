@@ -93,6 +93,34 @@ def test_two_collections_are_separate_indexes(tmp_path, photos_dir, lite0_encode
         root.describe("beta")
 
 
+def test_a_collections_layout_decides_its_first_index_version(tmp_path, photos_dir, tiny_encoder, one_thread):
+    """A compact collection's folder build writes the compact layout (as ``regis index build --compact``);
+    configs written before ``layout`` existed load as "default"; a layout not offered is refused."""
+    import json
+
+    from regis.indexes.collections import CollectionConfig
+
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
+        shutil.copy(photos_dir / name, folder / name)
+    root = CollectionsRoot(tmp_path / "collections")
+    compact = root.create("small", CollectionConfig(layout="compact"))
+    assert root.config("small").writer_options() == {"faiss_codec": "compact", "token_store": "compact"}
+    build(folder, compact, tiny_encoder)
+    snap = IndexSnapshot.open(compact)
+    assert (snap.manifest.faiss.codec, snap.manifest.token_store.rule) == ("PQ4x4fs", "compact")
+    snap.close()
+    old = root.create("old")
+    config = old / "collection.json"
+    written = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in written.items() if k != "layout"}))  # as before the field
+    assert root.config("old").layout == "default" and root.config("old").writer_options() == {}
+    config.write_text(json.dumps({**written, "layout": "tiny"}))
+    with pytest.raises(ConfigError, match="not a valid collection config"):
+        root.config("old")
+
+
 def test_cli_builds_two_folders_into_a_collection(tmp_path, photos_dir, one_thread):
     from typer.testing import CliRunner
 

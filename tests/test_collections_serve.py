@@ -49,3 +49,55 @@ def test_a_root_without_a_default_collection_serves_its_collections(root, jobs):
         # read-only, the empty default collection is nothing to offer; with jobs it can be written to
         assert listed == ({"photos": 3, "later": 0} | ({"default": 0} if jobs else {}))
         assert client.get("/healthz").status_code == 200
+
+
+def _manifest(index):
+    """(FaissInfo.codec, TokenStoreInfo.spec, TokenStoreInfo.rule) of an index's live version."""
+    from regis.indexes.snapshot import IndexSnapshot
+
+    snap = IndexSnapshot.open(index)
+    try:
+        return snap.manifest.faiss.codec, snap.manifest.token_store.spec, snap.manifest.token_store.rule
+    finally:
+        snap.close()
+
+
+def test_a_compact_collection_over_rest_writes_the_compact_layout(tmp_path, photos_dir, one_thread):
+    """POST /v1/collections with layout "compact": uploads write the index as ``regis index build --compact``
+    does (FAISS codec PQ{D/8}x4fs, the compact store rule), its searches answer; a default collection records
+    neither; a collection's existing index keeps its manifest's layout; a layout not offered is a 422."""
+    import json
+
+    settings = Settings(collections_root=tmp_path, enable_jobs=True, backbone="vit-tiny-reg4-test", random_init=True)
+    tiny = {"backbone": "vit-tiny-reg4-test", "random_init": True}
+    photos = [photos_dir / n for n in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg")]
+    with TestClient(create_app(settings)) as client:
+        bad = client.post("/v1/collections", json={"name": "bad", "layout": "tiny", **tiny})
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
+        assert "layout" in bad.json()["error"]["message"] and not (tmp_path / "bad").exists()
+        made = client.post("/v1/collections", json={"name": "small", "layout": "compact", **tiny})
+        assert made.status_code == 201 and made.json()["layout"] == made.json()["config"]["layout"] == "compact"
+        assert client.post("/v1/collections", json={"name": "plain", **tiny}).json()["layout"] == "default"
+        for name in ("small", "plain"):
+            up = client.post(f"/v1/collections/{name}/images",
+                             files=[("files", (p.name, p.read_bytes())) for p in photos[:2]])
+            assert up.status_code == 201, up.text
+        # a 32-wide test ViT: 4 x 4-bit FAISS codes; 20 token vectors: the SQ4 store, re-picked by size
+        assert _manifest(tmp_path / "small") == ("PQ4x4fs", "SQ4", "compact")
+        assert _manifest(tmp_path / "plain")[0::2] == (None, None)
+        listed = {c["name"]: c["layout"] for c in client.get("/v1/collections").json()["collections"]}
+        assert listed == {"small": "compact", "plain": "default", "default": "default"}
+        # an index that exists keeps its manifest's layout: plain's config now says compact, its index stays
+        config = tmp_path / "plain" / "collection.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "layout": "compact"}))
+        for name in ("small", "plain"):
+            up = client.post(f"/v1/collections/{name}/images", files=[("files", (photos[2].name,
+                                                                                 photos[2].read_bytes()))])
+            assert up.status_code == 201 and up.json()["index_version"] == 2, up.text
+        assert _manifest(tmp_path / "small") == ("PQ4x4fs", "SQ4", "compact")
+        assert _manifest(tmp_path / "plain")[0::2] == (None, None)
+        for photo in photos:
+            found = client.post("/v1/collections/small/search", params={"k": 3},
+                                files={"file": (photo.name, photo.read_bytes())})
+            assert found.status_code == 200, found.text
+            assert found.json()["results"][0]["metadata"]["file"]["name"] == photo.name

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from regis.api.explain import Explanation, QueryTokens
 from regis.jobs.model import JobInfo
-from regis.settings_types import FrameName, QueryLayoutName
+from regis.settings_types import FrameName, IndexLayoutName, QueryLayoutName
 
 
 class SearchHit(BaseModel):
@@ -180,6 +180,11 @@ class CollectionCreate(BaseModel):
         default=None, description="a query's tokens: tokens (the indexed ones) or tokens+roi-cues (CNN with a ROI "
                                   "pass; the default for new CNN collections). The index records it.")
     description: str = Field(default="", max_length=1000)
+    layout: IndexLayoutName = Field(
+        default="default", description="how the index is stored: default (~4 KB resident per image at 256-d) or "
+                                       "compact (~1.1-1.2 KB per image, lower recall: FAISS codes of D/16 bytes "
+                                       "per token and a compact rerank store, as regis index build --compact; "
+                                       "docs/SCALE.md section 0). Fixed when the collection is created.")
 
 
 class CollectionInfo(BaseModel):
@@ -191,6 +196,7 @@ class CollectionInfo(BaseModel):
     index_version: int | None
     images: int
     backbone: str | None
+    layout: IndexLayoutName = Field(default="default", description="its index layout (POST /v1/collections)")
     config: dict = Field(default_factory=dict)
 
 

@@ -33,13 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from regis.errors import ConfigError, RegisError
 from regis.indexes.layout import CURRENT_FILE, VERSIONS_DIR, fsync_dir, read_current, write_json_atomic
 from regis.models.registry import DEFAULT_BACKBONE
-from regis.settings_types import FrameName, QueryLayoutName
+from regis.settings_types import FrameName, IndexLayoutName, QueryLayoutName
 
 CONFIG_FILE = "collection.json"
 DEFAULT_COLLECTION = "default"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 _NAME = re.compile(NAME_PATTERN)
 _DELETED_PREFIX = ".deleted-"
+COMPACT_LAYOUT = "compact"
 
 
 class CollectionNotFoundError(RegisError):
@@ -64,6 +65,12 @@ class CollectionConfig(BaseModel):
         frame, query_layout: the encoder's (``regis.models.encoder.EncoderConfig``; None: its default); the index
             manifest then records them and queries follow it.
         description: free text.
+        layout: how its index is stored, fixed by the first version written: "default" (regis's FAISS codec and
+            token store, ~4 KB resident per image at 256-d) or "compact" (what ``regis index build --compact``
+            writes: FAISS codes of D/16 bytes per token and ``codes.compact_store``, ~1.1-1.2 KB per image, lower
+            recall; docs/SCALE.md section 0). ``writer_options`` maps it to ``IndexWriter`` arguments; the
+            manifest then keeps it (``FaissInfo.codec``, ``TokenStoreInfo.rule``). Configs written before the
+            field existed load as "default".
         uid: this incarnation of the collection (set by ``create``; a collection deleted and created again under
             the same name gets another one). None for collections made before uids existed.
     """
@@ -77,6 +84,32 @@ class CollectionConfig(BaseModel):
     query_layout: QueryLayoutName | None = None
     description: str = Field(default="", max_length=1000)
     uid: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
+    layout: IndexLayoutName = "default"
+
+    def writer_options(self) -> dict[str, str]:
+        """The ``IndexWriter`` keyword arguments of this collection's first index version: {"faiss_codec":
+        "compact", "token_store": "compact"} for the compact layout (as ``regis index build --compact``), {} for
+        the default one (regis's choices). Later versions need none: the manifest keeps what the first recorded
+        (``indexer.writers.open_writer`` passes these only while the index has no version)."""
+        if self.layout == COMPACT_LAYOUT:
+            return {"faiss_codec": COMPACT_LAYOUT, "token_store": COMPACT_LAYOUT}
+        return {}
+
+
+def read_config(index_dir: Path | str) -> CollectionConfig | None:
+    """The ``CollectionConfig`` in ``index_dir/collection.json``; None when there is none (an index made without
+    ``create``, a deleted collection's tombstone).
+
+    Raises:
+        ConfigError: the file is not a valid collection config.
+    """
+    path = Path(index_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return CollectionConfig.model_validate(json.loads(path.read_text()))
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not a valid collection config") from exc
 
 
 def check_name(name: str) -> str:
@@ -156,13 +189,7 @@ class CollectionsRoot:
         """
         if not self.exists(name):
             raise CollectionNotFoundError(f"no collection named {name!r}")
-        path = self.path(name) / CONFIG_FILE
-        if not path.is_file():
-            return CollectionConfig()
-        try:
-            return CollectionConfig.model_validate(json.loads(path.read_text()))
-        except ValueError as exc:
-            raise ConfigError(f"{path} is not a valid collection config") from exc
+        return read_config(self.path(name)) or CollectionConfig()
 
     def ensure(self, name: str, config: CollectionConfig | None = None) -> Path:
         """Create the collection unless it exists; returns its index directory."""
