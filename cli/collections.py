@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.options import Backbone, CollectionsRootOpt, Frame, QueryLayout, RandomInit, Weights
+from cli.options import Backbone, CollectionsRootOpt, Frame, IndexLayout, Layout, QueryLayout, RandomInit, Weights
 
 app = typer.Typer(help="Create, list, describe, delete, snapshot and restore collections (named indexes under one "
                        "root).",
@@ -27,14 +27,16 @@ def create(
     frame: Frame = None,
     query_layout: QueryLayout = None,
     description: Annotated[str, typer.Option("--description", help="Free text.")] = "",
+    layout: Layout = IndexLayout.default,
 ) -> None:
-    """Create an empty collection that will embed with the given backbone (default efficientnet-lite0-regis)."""
+    """Create an empty collection that will embed with the given backbone (default efficientnet-lite0-regis) and
+    store its index in the given layout (fixed by its first build)."""
     from cli.options import collections_root
     from regis.indexes.collections import CollectionConfig
 
     config = CollectionConfig(backbone=backbone, weights=str(weights) if weights else None,
                               random_init=random_init, frame=frame, query_layout=query_layout,
-                              description=description)
+                              description=description, layout=layout.value)
     path = collections_root(root).create(name, config)
     typer.echo(f"collection {name} created in {path}")
 
@@ -44,7 +46,7 @@ def list_(
     root: CollectionsRootOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """List the collections: name, images, index version, backbone."""
+    """List the collections: name, images, index version, backbone, layout."""
     from cli.options import collections_root
 
     collections = collections_root(root)
@@ -54,7 +56,8 @@ def list_(
         return
     for row in rows:
         version = row["index_version"] if row["index_version"] is not None else "-"
-        typer.echo(f"{row['name']:24s} {row['images']:8d} images  version {version!s:6s} {row['backbone']}")
+        typer.echo(f"{row['name']:24s} {row['images']:8d} images  version {version!s:6s} {row['backbone']}  "
+                   f"{row['config']['layout']}")
 
 
 @app.command("info")

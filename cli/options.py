@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
+
+from regis.settings_types import IndexLayoutName
 
 Backbone = Annotated[
     str | None,
@@ -41,6 +44,13 @@ QueryLayout = Annotated[
     typer.Option("--query-layout", help="A query's tokens: tokens (the 10 indexed ones) or tokens+roi-cues (CNN "
                  "with a ROI pass: + the 5 cues of that pass, the default for new CNN indexes). Recorded in the "
                  "index; its queries use it."),
+]
+IndexLayout = Enum("IndexLayout", {name: name for name in get_args(IndexLayoutName)}, type=str)
+"""The choices of ``--layout`` (an Enum: typer shows and checks them): ``regis.settings_types.IndexLayoutName``."""
+Layout = Annotated[
+    IndexLayout,
+    typer.Option("--layout", help="How the collection's index is stored: default (~4 KB per image) or compact "
+                 "(~1.1-1.2 KB, lower recall; as regis index build --compact)."),
 ]
 CueMethod = Annotated[
     str | None, typer.Option("--cue-method", help="CNN backbones: grid (default), kmeans or attention.")

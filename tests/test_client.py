@@ -189,6 +189,57 @@ def test_the_async_client_does_the_same(served):
     assert len(rows) >= 4 and health.status == "ok"
 
 
+def test_create_collection_asks_for_a_layout(served):
+    """``create_collection(layout="compact")``, sync and async: the service records it (collection.json,
+    ``CollectionInfo.layout``); no layout: "default"; a layout not offered: the 422 as ``UnprocessableError``
+    naming layout, nothing created."""
+    url, _, write_key, images = served
+    root = images.parent / "collections"  # the fixture's collections root
+    tiny = {"backbone": "vit-tiny-reg4-test", "random_init": True}
+
+    def recorded(name: str) -> str:
+        return json.loads((root / name / "collection.json").read_text())["layout"]
+
+    with Client(url, api_key=write_key) as regis:
+        assert regis.create_collection("small", **tiny, layout="compact").layout == "compact"
+        assert regis.create_collection("plain", **tiny).layout == "default"
+        assert regis.collection_info("small").layout == "compact" and recorded("small") == "compact"
+        assert recorded("plain") == "default"
+        with pytest.raises(UnprocessableError) as info:
+            regis.create_collection("odd", **tiny, layout="tiny")
+        assert (info.value.status, info.value.code) == (422, "invalid_request") and "layout" in info.value.message
+        assert not (root / "odd").exists()
+
+    async def main():
+        async with AsyncClient(url, api_key=write_key) as regis:
+            made = await regis.create_collection("asmall", **tiny, layout="compact")
+            with pytest.raises(UnprocessableError) as info:
+                await regis.create_collection("aodd", **tiny, layout="Compact")
+            return made, info.value
+
+    made, refused = asyncio.run(main())
+    assert made.layout == "compact" and recorded("asmall") == "compact"
+    assert refused.status == 422 and "layout" in refused.message and not (root / "aodd").exists()
+    with Client(url, api_key=write_key) as regis:
+        for name in ("small", "plain", "asmall"):
+            regis.delete_collection(name)
+
+
+def test_create_collection_sends_a_layout_only_when_given():
+    """Servers from before layouts refuse unknown fields: no ``layout`` key unless one is asked for."""
+    bodies = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(201, json={"name": bodies[-1]["name"], "default": False, "loaded": False,
+                                         "index_version": None, "images": 0, "backbone": None})
+
+    with Client("http://regis.test", transport=httpx.MockTransport(handler)) as regis:
+        assert regis.create_collection("old").layout == "default"  # an old server's answer has no layout
+        regis.create_collection("new", layout="compact")
+    assert "layout" not in bodies[0] and bodies[1]["layout"] == "compact"
+
+
 def _flaky(statuses: list[int], body: dict | None = None, headers: dict | None = None):
     """A mock transport answering ``statuses`` in turn (503s with a JSON error), then the collection list."""
     calls = []

@@ -121,6 +121,37 @@ def test_a_collections_layout_decides_its_first_index_version(tmp_path, photos_d
         root.config("old")
 
 
+def test_cli_creates_a_compact_collection_and_refuses_other_layouts(cli, tmp_path, photos_dir, one_thread):
+    """``regis collections create --layout compact``: collection.json records it, ``collections list`` and
+    ``info`` show it, the first ``index build`` writes the compact layout; a layout not offered is a usage
+    error (exit 2, one line naming --layout) that creates nothing."""
+    import json
+
+    root = tmp_path / "collections"
+    tiny = ("--root", root, "--backbone", "vit-tiny-reg4-test", "--random-init")
+    bad = cli("collections", "create", "odd", *tiny, "--layout", "tiny")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.startswith("error: ") and "--layout" in bad.stderr and "compact" in bad.stderr, bad.stderr
+    assert not (root / "odd").exists()
+    assert cli("collections", "create", "small", *tiny, "--layout", "compact").returncode == 0
+    assert cli("collections", "create", "plain", *tiny).returncode == 0
+    for name, layout in (("small", "compact"), ("plain", "default")):
+        assert json.loads((root / name / "collection.json").read_text())["layout"] == layout
+        assert json.loads(cli("collections", "info", name, "--root", root).stdout)["config"]["layout"] == layout
+    listing = cli("collections", "list", "--root", root).stdout.splitlines()
+    assert sorted((line.split()[0], line.split()[-1]) for line in listing) == [("plain", "default"),
+                                                                              ("small", "compact")]
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
+        shutil.copy(photos_dir / name, folder / name)
+    built = cli("index", "build", folder, "--collection", "small", "--root", root, "--no-progress", "--workers", "0")
+    assert built.returncode == 0, built.stderr
+    snap = IndexSnapshot.open(root / "small")
+    assert (snap.manifest.faiss.codec, snap.manifest.token_store.rule) == ("PQ4x4fs", "compact")
+    snap.close()
+
+
 def test_cli_builds_two_folders_into_a_collection(tmp_path, photos_dir, one_thread):
     from typer.testing import CliRunner
 

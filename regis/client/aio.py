@@ -174,9 +174,10 @@ class AsyncClient:
         return await self._run(self.routes.collection_info(name))
 
     async def create_collection(self, name: str, backbone: str | None = None, *, random_init: bool = False,
-                                description: str = "") -> schemas.CollectionInfo:
-        """``Client.create_collection``."""
-        return await self._run(self.routes.create_collection(name, backbone, random_init, description))
+                                description: str = "", layout: str | None = None) -> schemas.CollectionInfo:
+        """``Client.create_collection`` (``layout``: "default" or "compact"; another value: a 422,
+        ``UnprocessableError``)."""
+        return await self._run(self.routes.create_collection(name, backbone, random_init, description, layout))
 
     async def delete_collection(self, name: str) -> None:
         """``Client.delete_collection``."""
