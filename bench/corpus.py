@@ -13,14 +13,23 @@ What it does, exactly (BENCHMARKS.md "Corpus"):
    224 px because Lite0 runs at ~7-30 images/s at 224 px on this 2-core machine; Fashion-MNIST has 28 px of
    information anyway.
 4. Writes float16 tokens to ``$REGIS_BENCH_DATA/corpus/raw1280.f16`` ((101,000, 10, 1280), database rows
-   first, then the queries) and ``meta.npz`` (label, source index, split, augmented flag). Resumable: a killed
-   run continues from the last finished chunk.
+   first, then the queries; ``raw{D}.f16`` for an encoder of D-d tokens) and ``meta.npz`` (label, source
+   index, split, augmented flag). Resumable: a killed run continues from the last finished chunk.
 
 Then ``python -m bench.project`` reduces the tokens to 384-d (PCA, see there).
+
+Other encoders (``--backbone``, ``--frame``): e.g. the shipped default ``efficientnet-lite0-regis`` (256-d tokens)
+with both framings (``center-crop+aspect``: T = 20 tokens per image, the central square's 10 then the whole
+input's). Its queries get the encoder's query layout (``encode_query``: m = 30 tokens, 15 per framing, with the ROI
+pass's cue tokens) and go to ``queries{D}.f16`` ((Q, m, D) float16) when m differs from T. ``--aspect W:H`` resizes
+every image to that shape (``--size`` px high) so that the two framings differ as they do on 4:3 photos
+(Fashion-MNIST is square: both framings of a square input are nearly the same tokens).
 
 Usage::
 
     python -m bench.corpus [--size 96] [--batch 250] [--limit N] [--n-db 20000 --n-queries 500 --out DIR]
+    python -m bench.corpus --backbone efficientnet-lite0-regis --frame center-crop+aspect --aspect 4:3 \
+        --n-db 10000 --n-queries 300 --db-rows 4000 --out $REGIS_BENCH_DATA/corpus-regis
 """
 
 from __future__ import annotations
@@ -82,7 +91,9 @@ def corpus_plan(seed: int = 0, n_db: int = N_DB, n_queries: int = N_QUERIES) -> 
     return {"source": source.astype(np.int64), "augmented": augmented, "is_query": is_query}
 
 
-def _pixels(images, augmented, size: int, seed: int):
+def _pixels(images, augmented, size: int, seed: int, width: int | None = None):
+    """(B, 28, 28) uint8 Fashion-MNIST images -> (B, 3, size, width or size) float pixels in [-1, 1] (the
+    encoder's mean/std 0.5); rows flagged ``augmented`` get the corpus's augmentation first (module docstring)."""
     import torch
     import torch.nn.functional as F
     from torchvision.transforms import v2
@@ -97,13 +108,40 @@ def _pixels(images, augmented, size: int, seed: int):
         ])
         idx = np.flatnonzero(augmented)
         x[idx] = torch.stack([aug(x[i]) for i in idx]).clamp(0, 1)
-    x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
+    x = F.interpolate(x, size=(size, width or size), mode="bicubic", antialias=True, align_corners=False).clamp(0, 1)
     return ((x - 0.5) / 0.5).expand(-1, 3, -1, -1).contiguous()
+
+
+def parse_aspect(text: str) -> float:
+    """"W:H" (e.g. "4:3") -> W / H as a float; raises SystemExit naming the bad value."""
+    try:
+        w, h = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"--aspect {text!r}: expected W:H, e.g. 4:3") from None
+    if w <= 0 or h <= 0:
+        raise SystemExit(f"--aspect {text!r}: both sides must be positive")
+    return w / h
+
+
+def build_corpus_encoder(backbone: str, frame: str | None, size: int):
+    """The corpus's encoder: ``build_encoder(backbone)``; with a ``frame``, built for ``size`` px inputs
+    (``image_size``: a two-framing encoder crops the central square at that size and sizes its ROI pass from it);
+    without one, the encoder's own config as the 100k corpus was made (224 px, fed ``size`` px). Its input
+    normalisation must be mean = std = 0.5 (what ``_pixels`` gives); raises SystemExit otherwise."""
+    from regis.models.encoder import build_encoder
+
+    enc = build_encoder(backbone, frame=frame, image_size=size if frame else None)
+    if tuple(enc.config.mean) != (0.5, 0.5, 0.5) or tuple(enc.config.std) != (0.5, 0.5, 0.5):
+        raise SystemExit(f"unexpected normalisation {enc.config.mean} {enc.config.std}")
+    return enc
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", type=int, default=96, help="input side in pixels")
+    p.add_argument("--size", type=int, default=96, help="input side (height with --aspect) in pixels")
+    p.add_argument("--aspect", default="1:1", help="input shape W:H (e.g. 4:3: width = size x 4 / 3)")
+    p.add_argument("--backbone", default="efficientnet-lite0", help="registered backbone (regis backbones)")
+    p.add_argument("--frame", default=None, help="the encoder's frame (default: its own; e.g. center-crop+aspect)")
     p.add_argument("--batch", type=int, default=250)
     p.add_argument("--limit", type=int, default=None, help="embed only the first N rows (a smoke test)")
     p.add_argument("--out", type=Path, default=CORPUS_DIR)
@@ -115,22 +153,22 @@ def main() -> None:
 
     import torch
 
-    from regis.models.encoder import build_encoder
-
     print_machine()
-    enc = build_encoder("efficientnet-lite0")
-    if tuple(enc.config.mean) != (0.5, 0.5, 0.5) or tuple(enc.config.std) != (0.5, 0.5, 0.5):
-        raise SystemExit(f"unexpected normalisation {enc.config.mean} {enc.config.std}")
+    enc = build_corpus_encoder(args.backbone, args.frame, args.size)
+    width = round(args.size * parse_aspect(args.aspect))
     images, labels = load_fmnist()
     plan = corpus_plan(n_db=args.n_db, n_queries=args.n_queries)
     n_db = args.n_db if args.db_rows is None else min(args.db_rows, args.n_db)
     order = np.concatenate([np.arange(n_db), args.n_db + np.arange(args.n_queries)])  # plan rows to embed
     n = len(order) if args.limit is None else args.limit
     args.out.mkdir(parents=True, exist_ok=True)
-    T, D = enc.config.tokens_per_image, enc.config.dim
-    path = args.out / "raw1280.f16"
+    T, D, m = enc.config.tokens_per_image, enc.config.dim, enc.config.query_tokens_per_image
+    path = args.out / f"raw{D}.f16"
     mode = "r+" if path.exists() else "w+"
     tokens = np.memmap(path, dtype=np.float16, mode=mode, shape=(len(plan["source"]), T, D))
+    qpath = args.out / f"queries{D}.f16"  # the query layout's tokens, when they are not the index's
+    qtokens = None if m == T else np.memmap(qpath, dtype=np.float16, mode="r+" if qpath.exists() else "w+",
+                                            shape=(args.n_queries, m, D))
     np.savez(args.out / "meta.npz", labels=labels[plan["source"]], **plan)
     progress = args.out / "progress.json"
     done = json.loads(progress.read_text())["done"] if progress.exists() else 0
@@ -141,17 +179,24 @@ def main() -> None:
         rows = order[done:stop]
         for b in range(0, len(rows), args.batch):
             part = rows[b : b + args.batch]
-            pix = _pixels(images[plan["source"][part]], plan["augmented"][part], args.size, seed=int(part[0]))
+            pix = _pixels(images[plan["source"][part]], plan["augmented"][part], args.size, seed=int(part[0]),
+                          width=width)
             with torch.inference_mode():
                 tokens[part] = enc.encode(pix).numpy().astype(np.float16)
+                queries = part[part >= args.n_db]
+                if qtokens is not None and len(queries):
+                    qtokens[queries - args.n_db] = enc.encode_query(pix[part >= args.n_db]).numpy().astype(np.float16)
         tokens.flush()
+        if qtokens is not None:
+            qtokens.flush()
         done = stop
         progress.write_text(json.dumps({"done": done, "size": args.size}))
         rate = (done - start_done) / (time.perf_counter() - t_start)
         print(f"{done}/{n} rows, {rate:.1f} images/s", flush=True)
     info = {"rows": len(plan["source"]), "db": n_db, "query_start": args.n_db, "queries": args.n_queries,
-            "tokens_per_image": T, "dim": D,
-            "input_size": args.size, "encoder": enc.config.model_dump(), "weights": enc.weights_info.model_dump()}
+            "tokens_per_image": T, "dim": D, "query_tokens": m, "score_framings": enc.config.score_framings,
+            "input_size": [args.size, width], "aspect": args.aspect, "backbone": args.backbone,
+            "encoder": enc.config.model_dump(), "weights": enc.weights_info.model_dump()}
     (args.out / "info.json").write_text(json.dumps(info, indent=2))
     print(json.dumps({"done": done, "images_per_s": (done - start_done) / (time.perf_counter() - t_start)}))
 

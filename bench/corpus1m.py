@@ -55,13 +55,18 @@ CHUNK = 50_000
 
 
 def load_real(real_dir: Path, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Real database tokens (N, T, D) float16 (memory-mapped) and queries (Q, T, D) float32 of a ``bench.corpus``
-    folder: the projected ``db{D}.f16`` / ``q{D}.npy`` of ``bench.project``, or the raw 1280-d tokens."""
+    """Real database tokens (N, T, D) float16 (memory-mapped) and queries (Q, m, D) float32 of a ``bench.corpus``
+    folder: the projected ``db{D}.f16`` / ``q{D}.npy`` of ``bench.project``, or the encoder's own D-d tokens (m = T,
+    or the encoder's query layout: ``queries{D}.f16``)."""
     info = json.loads((real_dir / "info.json").read_text())
     t, n_db = info["tokens_per_image"], info["db"]
     if dim == info["dim"]:
-        raw = np.memmap(real_dir / "raw1280.f16", dtype=np.float16, mode="r", shape=(info["rows"], t, dim))
-        q = raw[info.get("query_start", n_db):].astype(np.float32)
+        raw = np.memmap(real_dir / f"raw{dim}.f16", dtype=np.float16, mode="r", shape=(info["rows"], t, dim))
+        m = info.get("query_tokens", t)
+        if m == t:
+            q = raw[info.get("query_start", n_db):].astype(np.float32)
+        else:  # the encoder's query layout (bench.corpus: queries{D}.f16)
+            q = np.fromfile(real_dir / f"queries{dim}.f16", dtype=np.float16).reshape(-1, m, dim).astype(np.float32)
         q /= np.linalg.norm(q, axis=-1, keepdims=True)
         return raw[:n_db], q
     db = np.memmap(real_dir / f"db{dim}.f16", dtype=np.float16, mode="r", shape=(n_db, t, dim))
@@ -118,7 +123,10 @@ def write_corpus(real_dir: Path, dim: int, n: int, out: Path, seed: int, k: int,
     if n < n_real:
         raise SystemExit(f"--n {n} is below the {n_real} real images")
     out.mkdir(parents=True, exist_ok=True)
-    info = {"db": n, "tokens": t, "dim": d, "real": n_real, "queries": len(q), "real_dir": str(real_dir),
+    real_info = json.loads((real_dir / "info.json").read_text())
+    info = {"db": n, "tokens": t, "dim": d, "real": n_real, "queries": len(q), "query_tokens": q.shape[1],
+            "score_framings": real_info.get("score_framings", 1), "backbone": real_info.get("backbone"),
+            "real_dir": str(real_dir),
             "generator": {"method": "mix of neighbouring real images", "neighbours": k, "seed": seed,
                           "sigma": sigma, "lambda": "uniform(0, 1)"}}
     info_path = out / "info.json"
@@ -155,11 +163,12 @@ def write_corpus(real_dir: Path, dim: int, n: int, out: Path, seed: int, k: int,
     return info
 
 
-def maxsim_top(db: np.ndarray, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Exact MaxSim top-k scores (Q, k) and each query token's best token similarity (Q, m), float32."""
+def maxsim_top(db: np.ndarray, q: np.ndarray, k: int = 10, framings: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Exact MaxSim top-k scores (Q, k) and each query token's best token similarity (Q, m), float32
+    (``framings``: scored apart, ``bench.data.exact_topk``)."""
     from bench.data import exact_topk
 
-    _, scores = exact_topk(db, q, k)
+    _, scores = exact_topk(db, q, k, framings=framings)
     import torch
 
     qf = torch.from_numpy(q.reshape(-1, q.shape[2]))
@@ -170,16 +179,17 @@ def maxsim_top(db: np.ndarray, q: np.ndarray, k: int = 10) -> tuple[np.ndarray, 
     return scores, best.view(q.shape[0], q.shape[1]).numpy()
 
 
-def near_duplicate_share(db: np.ndarray, n: int, seed: int = 0, thresh: float = 0.95) -> float:
-    """Share of ``n`` random images of ``db`` whose nearest other image scores MaxSim > thresh * T."""
+def near_duplicate_share(db: np.ndarray, n: int, seed: int = 0, thresh: float = 0.95, framings: int = 1) -> float:
+    """Share of ``n`` random images of ``db`` whose nearest other image scores MaxSim > thresh x the perfect score
+    (T, or T / ``framings`` with framings scored apart)."""
     from bench.data import exact_topk
 
     rng = np.random.default_rng(seed)
     pick = np.sort(rng.choice(len(db), size=n, replace=False))
     q = np.asarray(db[pick], dtype=np.float32)
-    ids, scores = exact_topk(db, q, 2)
+    ids, scores = exact_topk(db, q, 2, framings=framings)
     other = np.where(ids[:, 0] == pick, scores[:, 1], scores[:, 0])
-    return float((other > thresh * db.shape[1]).mean())
+    return float((other > thresh * db.shape[1] / framings).mean())
 
 
 def check(out: Path, n_queries: int, n_dup: int) -> dict:
@@ -192,11 +202,12 @@ def check(out: Path, n_queries: int, n_dup: int) -> dict:
     q = np.load(out / "q.npy")[:n_queries]
     rows = {}
     for name, part in (("real", db[:n_real]), ("generated", db[n_real : 2 * n_real])):
-        scores, best = maxsim_top(part, q)
+        framings = info.get("score_framings", 1)
+        scores, best = maxsim_top(part, q, framings=framings)
         rows[name] = {"images": len(part), "query_token_nearest_cos": float(best.mean()),
                       "maxsim_top1": float(scores[:, 0].mean()), "maxsim_top10": float(scores[:, 9].mean()),
                       "top1_minus_top10": float((scores[:, 0] - scores[:, 9]).mean()),
-                      "near_duplicate_share": near_duplicate_share(part, n_dup)}
+                      "near_duplicate_share": near_duplicate_share(part, n_dup, framings=framings)}
         print(f"check: {name}: {json.dumps(rows[name])}", flush=True)
     return rows
 

@@ -34,27 +34,39 @@ def load_corpus(dim: int = 384, n_db: int | None = None, n_queries: int | None =
     return db[:n_db], q[:n_queries]
 
 
-def exact_topk(db: np.ndarray, q: np.ndarray, k: int = 100, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def exact_topk(db: np.ndarray, q: np.ndarray, k: int = 100, chunk: int = 4096,
+               framings: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Exact MaxSim top-k of every query over every database image, in float32 (the oracle).
 
     Args:
         db: (N, T, D) float16 tokens.
         q: (Q, m, D) float32 tokens.
+        framings: > 1: framings scored apart (``EncoderConfig.score_framings``): the query's m and the image's T
+            tokens are that many equal blocks, and an image scores its best framing's MaxSim (each framing's
+            query tokens against the image's tokens of the same framing; ``regis.scores.maxsim.maxsim_gemm``).
 
     Returns:
         ids (Q, k) int64 and scores (Q, k) float32, score descending, ties by ascending id.
+
+    Raises:
+        ConfigError (a ValueError): m or T not a multiple of ``framings``.
     """
     import torch
 
+    from regis.scores.framings import framing_split
+
     n, t, d = db.shape
     nq, m, _ = q.shape
+    mf, tf = framing_split(m, t, framings)
     qf = torch.from_numpy(np.ascontiguousarray(q.reshape(nq * m, d).T))  # (D, Q*m)
     best_s = torch.full((nq, k), -np.inf)
     best_i = torch.full((nq, k), -1, dtype=torch.int64)
     for start in range(0, n, chunk):
         x = torch.from_numpy(np.ascontiguousarray(db[start : start + chunk])).reshape(-1, d).float()
         c = x.shape[0] // t
-        sims = (x @ qf).view(c, t, nq, m).amax(dim=1).sum(dim=-1).T  # (Q, c)
+        full = (x @ qf).view(c, framings, tf, nq, framings, mf)
+        per = torch.stack([full[:, f, :, :, f].amax(dim=1).sum(dim=-1) for f in range(framings)])  # (F, c, Q)
+        sims = per.amax(dim=0).T  # (Q, c)
         ids = torch.arange(start, start + c).expand(nq, c)
         all_s = torch.cat([best_s, sims], dim=1)
         all_i = torch.cat([best_i, ids], dim=1)
@@ -68,14 +80,20 @@ def exact_topk(db: np.ndarray, q: np.ndarray, k: int = 100, chunk: int = 4096) -
     return ids, scores
 
 
-def ground_truth(db: np.ndarray, q: np.ndarray, tag: str, k: int = 100) -> tuple[np.ndarray, float]:
-    """Cached ``exact_topk`` ids (Q, k) for a (db, q) pair named ``tag``; returns (ids, seconds it took)."""
-    path = DATA_DIR / f"gt-{tag}-{len(db)}x{len(q)}.npz"
+def gt_path(tag: str, n: int, n_queries: int) -> Path:
+    """Where ``ground_truth`` caches the exact top-k of ``n_queries`` queries over ``n`` images named ``tag``."""
+    return DATA_DIR / f"gt-{tag}-{n}x{n_queries}.npz"
+
+
+def ground_truth(db: np.ndarray, q: np.ndarray, tag: str, k: int = 100, framings: int = 1) -> tuple[np.ndarray, float]:
+    """Cached ``exact_topk`` ids (Q, k) for a (db, q) pair named ``tag`` (``framings``: ``exact_topk``'s; a tag
+    names one corpus, so one framing count); returns (ids, seconds it took)."""
+    path = gt_path(tag, len(db), len(q))
     if path.exists():
         z = np.load(path)
         return z["ids"], float(z["seconds"])
     t0 = time.perf_counter()
-    ids, scores = exact_topk(db, q, k)
+    ids, scores = exact_topk(db, q, k, framings=framings)
     seconds = time.perf_counter() - t0
     np.savez(path, ids=ids, scores=scores, seconds=seconds)
     return ids, seconds
@@ -91,10 +109,11 @@ def bench_encoder(dim: int, tokens_per_image: int = 10, record: str = "bench"):
         dim, tokens_per_image: the tokens' D and T.
         record: "bench": a ``bench-tokens-{dim}`` config no encoder can be rebuilt from (searches only; ``regis
             serve`` on such an index fails: unknown backbone); "servable": the real ``efficientnet-lite0-regis``
-            encoder (D = 256) with one framing (``frame="center-crop"``: T = 10), built here as ``regis index
-            --frame center-crop`` would, so ``regis serve`` rebuilds it from the manifest, checks its weights and
+            encoder (D = 256) with one framing (``frame="center-crop"``: T = 10) or, for T = 20, both
+            (``center-crop+aspect``, scored apart: the default of new indexes), built here as ``regis index
+            --frame ...`` would, so ``regis serve`` rebuilds it from the manifest, checks its weights and
             encodes photo queries with it (the stored tokens are stand-ins for its tokens: latency is meaningful,
-            scores are not).
+            scores are not; searches score framings apart as the manifest says).
 
     Raises:
         ValueError: ``record`` is unknown, or "servable" with tokens that are not that encoder's (D, T).
@@ -102,11 +121,13 @@ def bench_encoder(dim: int, tokens_per_image: int = 10, record: str = "bench"):
     from regis.models.encoder import EncoderConfig, WeightsInfo
 
     if record == "servable":
+        from regis.models.config import TWO_FRAMINGS
         from regis.models.encoder import build_encoder
 
-        enc = build_encoder(SERVABLE_BACKBONE, frame="center-crop")
+        frame = TWO_FRAMINGS if tokens_per_image == 20 else "center-crop"
+        enc = build_encoder(SERVABLE_BACKBONE, frame=frame)
         if (enc.config.dim, enc.config.tokens_per_image) != (dim, tokens_per_image):
-            raise ValueError(f"{SERVABLE_BACKBONE} (center-crop) writes {enc.config.tokens_per_image} x "
+            raise ValueError(f"{SERVABLE_BACKBONE} ({frame}) writes {enc.config.tokens_per_image} x "
                              f"{enc.config.dim} tokens per image, not {tokens_per_image} x {dim}")
         return enc.config, enc.weights_info
     if record != "bench":

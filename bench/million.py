@@ -65,8 +65,13 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
+def corpus_framings(source: Path) -> int:
+    """Framings the corpus's images are scored by apart (``bench.corpus1m``'s ``score_framings``; 1 when absent)."""
+    return int(json.loads((source / "info.json").read_text()).get("score_framings", 1))
+
+
 def corpus_slice(source: Path, n: int, which: str):
-    """(db (n, T, D) float16 memory map, queries (Q, T, D) float32, tag) for the first n images of ``source``,
+    """(db (n, T, D) float16 memory map, queries (Q, m, D) float32, tag) for the first n images of ``source``,
     or of its generated part (``which`` = "generated": rows ``real .. real + n``)."""
     from bench.data import load_corpus
 
@@ -87,8 +92,9 @@ def index_path(tag: str, n: int, spec: str | None, store: str | None, record: st
     return DATA_DIR / "idx" / name
 
 
-def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192) -> float:
-    """Seconds of one query's exact MaxSim over ``db`` (torch float32 GEMM per chunk, top-k)."""
+def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192, framings: int = 1) -> float:
+    """Seconds of one query's exact MaxSim over ``db`` (torch float32 GEMM per chunk, top-k; ``framings`` scored
+    apart as ``maxsim_gemm`` does)."""
     import torch
 
     from regis.scores.maxsim import maxsim_gemm
@@ -98,7 +104,7 @@ def exact_single(db: np.ndarray, q: np.ndarray, k: int, chunk: int = 8192) -> fl
     best = []
     for s in range(0, len(db), chunk):
         docs = torch.from_numpy(np.ascontiguousarray(db[s : s + chunk]))
-        best.append(maxsim_gemm(qt, docs).float())
+        best.append(maxsim_gemm(qt, docs, framings=framings).float())
     torch.topk(torch.cat(best), k)
     return time.perf_counter() - t0
 
@@ -149,7 +155,8 @@ def measure(args) -> dict:
     m = snap.manifest
     seg_files = [path / "segments" / s.file for s in m.segments]
     k = args.k
-    row = {"images": len(db), "spec": m.faiss.spec, "token_store": m.token_store.spec, "nprobe": m.faiss.nprobe,
+    row = {"images": len(db), "tokens": db.shape[1], "query_tokens": q.shape[1], "spec": m.faiss.spec,
+           "token_store": m.token_store.spec, "nprobe": m.faiss.nprobe,
            "depth": m.faiss.depth, "k_factor": m.faiss.k_factor, "dim": m.dim, "open_s": open_s,
            "refine": searcher.refine, "refine_share": searcher.refine_share}
     for phase in ("cold", "warm"):
@@ -175,7 +182,8 @@ def measure(args) -> dict:
     row["qps_all_cores"] = len(q) / (time.perf_counter() - t1)
     row["recall@10_batched"] = recall_at_k(bfound, gt, k)
     torch.set_num_threads(1)
-    ex = [exact_single(db, q[i], k) for i in range(min(args.exact_queries, len(q)))]
+    framings = m.encoder.score_framings
+    ex = [exact_single(db, q[i], k, framings=framings) for i in range(min(args.exact_queries, len(q)))]
     est = latency_stats(ex)
     row["exact_p50_ms"], row["exact_qps_1thread"] = est["p50_ms"], len(ex) / sum(ex)
     row["ratio_exact_over_regis_p50"] = row["exact_p50_ms"] / row["p50_ms_warm"]
@@ -196,15 +204,15 @@ def measure(args) -> dict:
 
 def parent(args) -> list[dict]:
     """Per size: ground truth, index build (cached), then the child process's measures."""
-    from bench.data import build_index, ground_truth
+    from bench.data import build_index, ground_truth, gt_path
 
     rows = []
     for n in [int(x) for x in args.sizes.split(",")]:
         db, q, tag = corpus_slice(args.source, n, args.slice)
         q = q[: args.queries]
         t0 = time.perf_counter()
-        _, gt_s = ground_truth(db, q, tag)
-        gt_path = DATA_DIR / f"gt-{tag}-{len(db)}x{len(q)}.npz"
+        _, gt_s = ground_truth(db, q, tag, framings=corpus_framings(args.source))
+        gt_file = gt_path(tag, len(db), len(q))
         print(f"ground truth {n}: {gt_s:.1f} s for {len(q)} queries (cached: {time.perf_counter() - t0:.1f} s)",
               flush=True)
         path = index_path(tag, n, args.spec, args.token_store, args.encoder_record, args.k_factor)
@@ -219,7 +227,7 @@ def parent(args) -> list[dict]:
             continue
         cmd = [sys.executable, "-m", "bench.million", "--source", str(args.source), "--one", str(n),
                "--slice", args.slice, "--queries", str(args.queries), "--k", str(args.k), "--index", str(path),
-               "--gt", str(gt_path), "--exact-queries", str(args.exact_queries),
+               "--gt", str(gt_file), "--exact-queries", str(args.exact_queries),
                *(["--sweep", args.sweep] if args.sweep else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -289,7 +297,7 @@ def plot(rows: list[dict], path: Path, compare: list[dict] | None = None) -> Non
              label="... of it anonymous (FAISS index, arrays, Python)")
     b.loglog(n, [(r["faiss_bytes_per_image"] + r["codes_bytes_per_image"] + r["locations_bytes_per_image"])
                  * r["images"] / 2**20 for r in rows], "d-", label="index data held in RAM (FAISS + SQ4 codes)")
-    b.loglog(n, [r["images"] * r["dim"] * 2 * 10 / 2**20 for r in rows], "^-", color="grey",
+    b.loglog(n, [r["images"] * r["dim"] * 2 * r.get("tokens", 10) / 2**20 for r in rows], "^-", color="grey",
              label="float16 tokens (what exact scoring reads)")
     b.loglog(n, [r["images"] * 4096 / 2**20 for r in rows], color="red", lw=0.8, ls=":", label="4 KB per image")
     b.set_xlabel("images")
@@ -297,7 +305,8 @@ def plot(rows: list[dict], path: Path, compare: list[dict] | None = None) -> Non
     b.set_title("Memory")
     b.legend(fontsize=8)
     b.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"regis on {rows[0]['dim']}-d tokens, 10 per image, k = 10 (python -m bench.million)", fontsize=10)
+    fig.suptitle(f"regis on {rows[0]['dim']}-d tokens, {rows[0].get('tokens', 10)} per image, k = 10 "
+                 "(python -m bench.million)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
