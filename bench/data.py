@@ -58,15 +58,19 @@ def exact_topk(db: np.ndarray, q: np.ndarray, k: int = 100, chunk: int = 4096,
     n, t, d = db.shape
     nq, m, _ = q.shape
     mf, tf = framing_split(m, t, framings)
-    qf = torch.from_numpy(np.ascontiguousarray(q.reshape(nq * m, d).T))  # (D, Q*m)
+    qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)).view(nq, framings, mf, d)
+    qf = [qt[:, f].reshape(nq * mf, d).T.contiguous() for f in range(framings)]  # per framing (D, Q * m/F)
     best_s = torch.full((nq, k), -np.inf)
     best_i = torch.full((nq, k), -1, dtype=torch.int64)
     for start in range(0, n, chunk):
-        x = torch.from_numpy(np.ascontiguousarray(db[start : start + chunk])).reshape(-1, d).float()
-        c = x.shape[0] // t
-        full = (x @ qf).view(c, framings, tf, nq, framings, mf)
-        per = torch.stack([full[:, f, :, :, f].amax(dim=1).sum(dim=-1) for f in range(framings)])  # (F, c, Q)
-        sims = per.amax(dim=0).T  # (Q, c)
+        x = torch.from_numpy(np.ascontiguousarray(db[start : start + chunk])).float()
+        c = x.shape[0]
+        x = x.view(c, framings, tf, d)
+        sims = None
+        for f in range(framings):  # each framing's image tokens against the same framing's query tokens only
+            s_f = (x[:, f].reshape(c * tf, d) @ qf[f]).view(c, tf, nq, mf).amax(dim=1).sum(dim=-1)  # (c, Q)
+            sims = s_f if sims is None else torch.maximum(sims, s_f)
+        sims = sims.T  # (Q, c)
         ids = torch.arange(start, start + c).expand(nq, c)
         all_s = torch.cat([best_s, sims], dim=1)
         all_i = torch.cat([best_i, ids], dim=1)
