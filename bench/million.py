@@ -258,12 +258,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict], path: Path, compare: list[dict] | None = None) -> None:
+def plot(rows: list[dict], path: Path, compare: list[dict] | None = None, label: str | None = None,
+         compare_label: str | None = None) -> None:
     """Latency and resident memory against images, log-log, with exact MaxSim's latency for reference.
 
     A size measured in several runs (``--rows`` of several files, or ``--sizes 10000,100000,10000,100000``) is
     drawn as one dot per run and lines through the per-size medians. ``compare`` rows (``--compare``: another
-    spec on the same sizes, e.g. the previous default) are drawn as crosses labelled with their FAISS spec."""
+    spec on the same sizes, e.g. the previous default) are drawn as crosses labelled with their FAISS spec; with a
+    ``compare_label`` (``--compare-label``: another layout over the same sizes, e.g. two framings against one) as
+    a line of crosses, its p50, exact p50 and RSS, under that name. ``label`` names the main rows' layout."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -274,25 +277,34 @@ def plot(rows: list[dict], path: Path, compare: list[dict] | None = None) -> Non
     rows = [{**runs[m][0], **{key: float(np.median([r[key] for r in runs[m]]))  # a size measured twice: medians
                               for key, v in runs[m][0].items() if isinstance(v, float)}} for m in sizes]
     n = sizes
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    a.loglog(n, [r["p50_ms_warm"] for r in rows], "o-", label="regis p50 (1 thread)")
-    a.loglog(n, [r["p99_ms_warm"] for r in rows], "s--", label="regis p99 (1 thread)")
-    a.loglog(n, [r["exact_p50_ms"] for r in rows], "^-", color="grey", label="exact MaxSim p50 (torch, 1 thread)")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 5))
+    tag = f", {label}" if label else ""
+    a.loglog(n, [r["p50_ms_warm"] for r in rows], "o-", label=f"regis p50 (1 thread){tag}")
+    a.loglog(n, [r["p99_ms_warm"] for r in rows], "s--", label=f"regis p99 (1 thread){tag}")
+    a.loglog(n, [r["exact_p50_ms"] for r in rows], "^-", color="grey", label=f"exact MaxSim p50 (torch, 1 thread){tag}")
     if any(len(v) > 1 for v in runs.values()):  # every run as a dot, the lines through the medians
         for key, colour in (("p50_ms_warm", "C0"), ("exact_p50_ms", "grey")):
             a.scatter([m for m in sizes for _ in runs[m]], [r[key] for m in sizes for r in runs[m]], s=10,
                       color=colour, alpha=0.5)
-    for r in compare or []:
+    other = sorted(compare or [], key=lambda r: r["images"])
+    if compare_label and other:
+        cn = [r["images"] for r in other]
+        a.loglog(cn, [r["p50_ms_warm"] for r in other], "x-", color="C3", label=f"regis p50, {compare_label}")
+        a.loglog(cn, [r["exact_p50_ms"] for r in other], "x:", color="grey", label=f"exact MaxSim p50, {compare_label}")
+    for r in other if not compare_label else []:
         a.scatter([r["images"]], [r["p50_ms_warm"]], marker="x", s=40, color="C3",
                   label=f"p50, {r['spec']} (previous default)")
     a.axhline(30, color="red", lw=0.8, ls=":", label="target p50 at 1M: 30 ms")
     a.set_xlabel("images")
     a.set_ylabel("ms per query (no encoding)")
     a.set_title("Search latency")
-    a.legend(fontsize=8)
+    a.legend(fontsize=7, loc="upper left")
     a.grid(True, which="both", alpha=0.3)
     b.loglog(n, [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in rows], "o-",
-             label="regis process RSS growth (incl. float16 pages re-scoring touched)")
+             label=f"regis process RSS growth (incl. float16 pages re-scoring touched){tag}")
+    if compare_label and other:
+        b.loglog([r["images"] for r in other], [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in other], "x-",
+                 color="C3", label=f"regis process RSS growth, {compare_label}")
     b.loglog(n, [r["rss_anon_bytes_per_image"] * r["images"] / 2**20 for r in rows], "s--",
              label="... of it anonymous (FAISS index, arrays, Python)")
     b.loglog(n, [(r["faiss_bytes_per_image"] + r["codes_bytes_per_image"] + r["locations_bytes_per_image"])
@@ -303,10 +315,11 @@ def plot(rows: list[dict], path: Path, compare: list[dict] | None = None) -> Non
     b.set_xlabel("images")
     b.set_ylabel("MiB")
     b.set_title("Memory")
-    b.legend(fontsize=8)
+    b.legend(fontsize=7, loc="upper left")
     b.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"regis on {rows[0]['dim']}-d tokens, {rows[0].get('tokens', 10)} per image, k = 10 "
-                 "(python -m bench.million)", fontsize=10)
+    tokens = f"{rows[0].get('tokens', 10)} per image" + (f"; {compare_label}: {other[0].get('tokens', 10)}"
+                                                       if compare_label and other else "")
+    fig.suptitle(f"regis on {rows[0]['dim']}-d tokens, {tokens}, k = 10 (python -m bench.million)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -338,6 +351,9 @@ def main() -> None:
     p.add_argument("--rows", default=None, help="comma list of --json files: print and plot their rows only")
     p.add_argument("--compare", default=None,
                    help="with --rows: comma list of --json files drawn as crosses (e.g. the previous default)")
+    p.add_argument("--label", default=None, help="with --plot: the layout of the --rows rows, in the legend")
+    p.add_argument("--compare-label", default=None,
+                   help="with --compare: its rows are another layout over the sizes, drawn as lines under this name")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--index", default=None, help=argparse.SUPPRESS)
     p.add_argument("--gt", default=None, help=argparse.SUPPRESS)
@@ -351,7 +367,7 @@ def main() -> None:
         compare = [r for f in args.compare.split(",") for r in json.loads(Path(f).read_text())] if args.compare else []
         print(table(rows + compare))
         if args.plot:
-            plot(rows, args.plot, compare)
+            plot(rows, args.plot, compare, args.label, args.compare_label)
         return
     print_machine({"bench": "million", "source": str(args.source), "sizes": args.sizes, "slice": args.slice,
                    "encoder_record": args.encoder_record})
