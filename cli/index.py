@@ -152,6 +152,40 @@ def build(
     )
     for item in report.skipped:
         typer.echo(f"  skipped {item['path']}: {item['reason']}", err=True)
+    hint = _framing_hint_for(index)
+    if hint:
+        typer.echo(hint, err=True)
+
+
+LARGE_TWO_FRAMING = 250_000  # images from which a build of a two-framing index says what one framing would save
+
+
+def framing_hint(num_images: int, framings: int) -> str | None:
+    """The note a build prints for a large index of two framings per image, None otherwise.
+
+    With the shipped encoder at 1M images (BENCHMARKS.md section 9, run S), two framings hold 8.0 KB resident per
+    image and answer in 48 ms p50 on one thread, one framing (``--frame center-crop``) 4.1 KB and 23 ms.
+
+    Args:
+        num_images: live images in the index after the build.
+        framings: framings per image (``EncoderConfig.framings``).
+    """
+    if framings < 2 or num_images < LARGE_TWO_FRAMING:
+        return None
+    return (f"note: {num_images:,} images of two framings each: about 8 KB of memory per image and twice the search "
+            "time of one framing; an index built with --frame center-crop halves both (BENCHMARKS.md section 9)")
+
+
+def _framing_hint_for(index: Path) -> str | None:
+    """``framing_hint`` of the index's live version (None when it has none)."""
+    from regis.indexes.layout import VERSIONS_DIR, read_current
+    from regis.indexes.manifest import read_manifest
+
+    current = read_current(Path(index))
+    if current is None:
+        return None
+    manifest = read_manifest(Path(index) / VERSIONS_DIR / current)
+    return framing_hint(manifest.num_images, manifest.encoder.framings)
 
 
 @contextmanager

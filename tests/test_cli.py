@@ -121,3 +121,14 @@ def test_index_build_records_the_k_factor_and_codec_and_refuses_bad_ones(photos_
     out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--faiss-codec", "Nonsense12", "--random-init",
               "--backbone", "vit-tiny-reg4-test")
     assert out.returncode == 2 and "Nonsense12" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_large_two_framing_build_gets_the_one_framing_hint():
+    """The note of ``regis index build`` on a large index of two framings (BENCHMARKS.md section 9, run S): from
+    ``LARGE_TWO_FRAMING`` images of two framings, never for one framing or a smaller index."""
+    from cli.index import LARGE_TWO_FRAMING, framing_hint
+
+    note = framing_hint(LARGE_TWO_FRAMING, 2)
+    assert note is not None and "--frame center-crop" in note and f"{LARGE_TWO_FRAMING:,} images" in note
+    assert framing_hint(LARGE_TWO_FRAMING - 1, 2) is None
+    assert framing_hint(1_000_000, 1) is None
