@@ -301,10 +301,10 @@ def plot(rows: list[dict], path: Path, compare: list[dict] | None = None, label:
     a.legend(fontsize=7, loc="upper left")
     a.grid(True, which="both", alpha=0.3)
     b.loglog(n, [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in rows], "o-",
-             label=f"regis process RSS growth (incl. float16 pages re-scoring touched){tag}")
+             label=f"regis RSS growth (with the float16 pages read){tag}")
     if compare_label and other:
         b.loglog([r["images"] for r in other], [r["rss_bytes_per_image"] * r["images"] / 2**20 for r in other], "x-",
-                 color="C3", label=f"regis process RSS growth, {compare_label}")
+                 color="C3", label=f"regis RSS growth, {compare_label}")
     b.loglog(n, [r["rss_anon_bytes_per_image"] * r["images"] / 2**20 for r in rows], "s--",
              label="... of it anonymous (FAISS index, arrays, Python)")
     b.loglog(n, [(r["faiss_bytes_per_image"] + r["codes_bytes_per_image"] + r["locations_bytes_per_image"])
