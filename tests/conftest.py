@@ -8,6 +8,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
@@ -123,6 +124,37 @@ def build(images: Path, index: Path, encoder, **kwargs):
 
     options = BuildOptions(progress=False, num_workers=kwargs.pop("num_workers", 0), **kwargs)
     return build_index(images, index, encoder, options)
+
+
+def unit_tokens(n: int, seed: int, t: int, d: int) -> np.ndarray:
+    """Random unit token vectors: (n, t, d) float32, standard normal draws of ``default_rng(seed)`` scaled to
+    norm 1 along the last axis."""
+    x = np.random.default_rng(seed).standard_normal((n, t, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def token_writer(path: Path, backbone: str, dim: int, **kwargs):
+    """An ``IndexWriter`` on ``path`` for a made-up CNN encoder named ``backbone`` with ``dim``-d tokens (4
+    registers, grid cues), so that tests can write token arrays without a model; ``kwargs`` go to
+    ``IndexWriter`` (token_store, faiss_spec, faiss_codec, k_factor, ...), whose ``ConfigError`` they may raise."""
+    from regis.indexes.writer import IndexWriter
+    from regis.models.encoder import EncoderConfig, WeightsInfo
+
+    config = EncoderConfig(backbone=backbone, kind="cnn", num_registers=4, dim=dim, cue_method="grid",
+                           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    return IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), **kwargs)
+
+
+def add_tokens(path: Path, tokens: np.ndarray, backbone: str, **kwargs):
+    """Add ``tokens`` ((n, T, D) float32, unit rows) to the index at ``path`` as n new images named ``{id}.png``
+    (``token_writer(path, backbone, D, **kwargs)``; the index is created when missing) and commit; returns the
+    new version's manifest."""
+    from regis.indexes.table import ImageRecord
+
+    with token_writer(path, backbone, tokens.shape[-1], **kwargs) as w:
+        ids = w.allocate_ids(len(tokens))
+        w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)
+        return w.commit()
 
 
 @pytest.fixture(scope="session")

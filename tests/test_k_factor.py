@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 
+from conftest import add_tokens, token_writer, unit_tokens
 from regis.errors import ConfigError
 from regis.indexes import codes as token_codes
 from regis.indexes import faiss_index
 from regis.indexes.layout import MANIFEST_FILE
 from regis.indexes.snapshot import IndexSnapshot
-from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
 from regis.retrieve.searcher import Searcher
 
@@ -23,23 +23,15 @@ T, D, N = 10, 32, 2_400  # above FLAT_MAX_IMAGES: an IVF index with the spec ask
 
 
 def _writer(path, **kwargs) -> IndexWriter:
-    from regis.models.encoder import EncoderConfig, WeightsInfo
-
-    config = EncoderConfig(backbone="test-k-factor", kind="cnn", num_registers=4, dim=D, cue_method="grid",
-                           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-    return IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), **kwargs)
+    return token_writer(path, "test-k-factor", D, **kwargs)
 
 
 def _add(path, tokens: np.ndarray, **kwargs):
-    with _writer(path, **kwargs) as w:
-        ids = w.allocate_ids(len(tokens))
-        w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)
-        return w.commit()
+    return add_tokens(path, tokens, "test-k-factor", **kwargs)
 
 
 def _tokens(n: int, seed: int) -> np.ndarray:
-    x = np.random.default_rng(seed).standard_normal((n, T, D)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    return unit_tokens(n, seed, T, D)
 
 
 @pytest.mark.parametrize("store", ["SQ4", "PQ8"])

@@ -10,31 +10,22 @@ import json
 import numpy as np
 import pytest
 
+from conftest import add_tokens, unit_tokens
 from regis.errors import ConfigError
 from regis.indexes import codes as token_codes
 from regis.indexes.layout import MANIFEST_FILE
 from regis.indexes.snapshot import IndexSnapshot
-from regis.indexes.table import ImageRecord
-from regis.indexes.writer import IndexWriter
 from regis.retrieve.searcher import Searcher
 
 T, D, N = 10, 32, 1_200  # 1,200 images: Flat candidates; depth 64 x 10 query tokens -> hundreds of images
 
 
 def _add(path, tokens: np.ndarray):
-    from regis.models.encoder import EncoderConfig, WeightsInfo
-
-    config = EncoderConfig(backbone="test-refine-rule", kind="cnn", num_registers=4, dim=D, cue_method="grid",
-                           mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
-    with IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64)) as w:
-        ids = w.allocate_ids(len(tokens))
-        w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)
-        return w.commit()
+    return add_tokens(path, tokens, "test-refine-rule")
 
 
 def _tokens(n: int, seed: int) -> np.ndarray:
-    x = np.random.default_rng(seed).standard_normal((n, T, D)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    return unit_tokens(n, seed, T, D)
 
 
 def _rows_rescored(searcher: Searcher, query: np.ndarray) -> tuple[int, int]:
