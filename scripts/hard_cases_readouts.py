@@ -392,9 +392,10 @@ def direction_scores(q: torch.Tensor, g: torch.Tensor, how: str = "forward") -> 
 def variant_rows(pooled: dict[tuple[str, str], dict[str, np.ndarray]], kinds: np.ndarray, photos: np.ndarray,
                  ref_key: tuple[str, str], diff_key: str) -> tuple[tuple[str, ...], list[dict]]:
     """Per (variant, scorer) of ``pooled`` ({(variant, scorer): ``query_hits``' arrays pooled over seeds, (Q,)
-    each}), per kind ("all", then each of ``QUERY_KINDS[:-1]`` that has queries): n, Recall@1 with its 95 % Wilson
-    interval, mAP, and its Recall@1 minus ``ref_key``'s with the 95 % photo-cluster bootstrap interval, the
-    Recall@1 figures ``per_kind_table``'s (unrounded). ``kinds``, ``photos``: (Q,) per query.
+    each}), per kind ("all", then each of ``QUERY_KINDS`` but ``stereo`` that has queries; the one stereo query per
+    seed is left out, as in RESULTS.md section 4): n, Recall@1 with its 95 % Wilson interval, mAP, and its Recall@1
+    minus ``ref_key``'s with the 95 % photo-cluster bootstrap interval, the Recall@1 figures ``per_kind_table``'s
+    (unrounded). ``kinds``, ``photos``: (Q,) per query.
 
     Returns:
         (the kinds tabulated, in order; one row per key of ``pooled``, in order: {"variant", "scorer", "kinds":
@@ -411,7 +412,8 @@ def variant_rows(pooled: dict[tuple[str, str], dict[str, np.ndarray]], kinds: np
     ids = {key: str(i) for i, key in enumerate(pooled)}  # per_kind_table's scorer names
     ref = ids[ref_key]
     table = per_kind_table({ids[key]: h["R@1"] for key, h in pooled.items()}, kinds, photos,
-                           [(i, ref) for i in ids.values()], kinds_order=QUERY_KINDS[:-1], digits=None)
+                           [(i, ref) for i in ids.values()], kinds_order=[k for k in QUERY_KINDS if k != "stereo"],
+                           digits=None)
     rows = []
     for key, h in pooled.items():
         row = {"variant": key[0], "scorer": key[1], "kinds": {}}
