@@ -62,7 +62,7 @@ def spec_codec(spec: str) -> str | None:
 
 
 LIST_VECTORS = 256  # token vectors per IVF list of the large collections whose lists an HNSW graph finds
-HNSW_QUANTIZER_FROM = 8192  # lists (by the 4 sqrt(n) rule) from which the lists are sized and found that way
+HNSW_QUANTIZER_FROM = 8192  # lists (by either rule below) from which the lists are sized and found that way
 HNSW_QUANTIZER = "HNSW32_SQfp16"  # that graph: 32 links per centroid, centroids stored as float16
 MAX_NLIST = 65536  # at most this many lists (two-level training on 39 x 65,536 vectors: 2.6 GB of float32)
 
@@ -72,10 +72,12 @@ def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, co
 
     Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},{codec}`` with nlist the power of two
     nearest 4 * sqrt(n) for n token vectors, at least 256; the codec is ``codec`` (an index that grows keeps the
-    codec it was written with) or else ``default_codec(dim)``. Where that rule asks for ``HNSW_QUANTIZER_FROM``
-    lists or more (n above ~2.1M: 210k images of 10 tokens, 105k of 20), lists of ~``LIST_VECTORS`` vectors
-    instead (the power of two nearest n / 256, at most ``MAX_NLIST``), found through an HNSW graph over float16
-    centroids: ``IVF{nlist}(HNSW32_SQfp16),{codec}`` (trained by ``train``: two-level clustering).
+    codec it was written with) or else ``default_codec(dim)``. Where lists of ~``LIST_VECTORS`` vectors (the power
+    of two nearest n / 256, at most ``MAX_NLIST``) take ``HNSW_QUANTIZER_FROM`` lists or more (n from ~1.48M: 148k
+    images of 10 tokens, 75k of 20), those lists instead, found through an HNSW graph over float16 centroids:
+    ``IVF{nlist}(HNSW32_SQfp16),{codec}`` (trained by ``train``: two-level clustering). (Until 2026-11-29 the
+    switch came where the 4 sqrt(n) rule itself reached 8,192 lists, n ~2.1M: between the two, its 4,096 lists
+    held up to ~510 vectors each.)
 
     Why (BENCHMARKS.md section 9): 4 sqrt(n) is FAISS's rule for up to ~1M vectors; with it the codes each probe
     scans grow as sqrt(n) (244 -> 610 vectors per list from 100k to 1M images of 10 tokens), and the flat
@@ -84,7 +86,11 @@ def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, co
     vectors up, its wiki's "Guidelines to choose an index"). Measured on 256-d tokens, 10 per image, nprobe 32,
     one thread (runs N, K): 300k images ``IVF16384(HNSW32_SQfp16)`` 5.0 ms p50 at recall@10 0.997 against
     ``IVF8192``'s 9.4 ms at 0.995; 1M ``IVF32768(...)`` 8.0-9.7 ms at 0.992 against ``IVF16384``'s 18.0-21.9 ms
-    at 0.994, memory +8-22 B per image (4,063-4,074 B); build 3-10x faster (two-level training).
+    at 0.994, memory +8-22 B per image (4,063-4,074 B); build 3-10x faster (two-level training). Between 1.48M and
+    2.1M vectors (run S, the shipped encoder's tokens, Zen 3): 100k images of two framings (2M vectors)
+    ``IVF8192(HNSW32_SQfp16)`` 24.1 ms p50 against ``IVF4096``'s 37.4 ms, recall@10 1.0 both, build 35 s against 57;
+    150k of one framing (1.5M) 11.9-12.0 ms against 18.5-19.0 ms, recall 0.9997 both, 4,336 against 4,378 B per
+    image, build 28 s against 54 (``docs/results/million/hnsw-rule-2026-11-29s.txt``).
 
     The Flat limit was 20,000 images; on a CPU a Flat scan of 155k token vectors costs ~30 ms per query against
     ~2 ms for ``IVF2048,SQ8`` at recall@10 0.995 (BENCHMARKS.md), so IVF starts at 2,000 images (20k vectors:
@@ -98,9 +104,10 @@ def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, co
     if num_images <= FLAT_MAX_IMAGES or n_vectors < 39 * 256:
         return "Flat"
     nlist = max(2 ** round(math.log2(4 * math.sqrt(n_vectors))), 256)
+    fixed = min(2 ** round(math.log2(n_vectors / LIST_VECTORS)), MAX_NLIST)  # lists of ~LIST_VECTORS vectors
     quantizer = ""
-    if nlist >= HNSW_QUANTIZER_FROM:
-        nlist = min(2 ** round(math.log2(n_vectors / LIST_VECTORS)), MAX_NLIST)
+    if max(nlist, fixed) >= HNSW_QUANTIZER_FROM:
+        nlist = fixed
         quantizer = f"({HNSW_QUANTIZER})"
     while 39 * nlist > n_vectors:
         nlist //= 2

@@ -127,9 +127,13 @@ def test_auto_spec_is_the_benchmarked_one():
     # the values BENCHMARKS.md measured at 100k images: IVF4096,SQ8, nprobe 32, depth 64
     assert spec == "IVF4096,SQ8"
     assert (faiss_index.default_nprobe(spec), faiss_index.default_depth(spec)) == (32, 64)
-    # and beyond (BENCHMARKS.md section 9): 4 sqrt(n) up to 4096 lists, then lists of ~256 vectors found
-    # through an HNSW graph over float16 centroids, with the same nprobe and depth
-    assert faiss_index.auto_spec(200_000, T) == "IVF4096,SQ8"
+    # and beyond (BENCHMARKS.md section 9): 4 sqrt(n) up to 4096 lists, then, from the size at which lists of
+    # ~256 vectors take 8,192 lists (1.48M vectors), those lists found through an HNSW graph over float16
+    # centroids, with the same nprobe and depth
+    assert faiss_index.auto_spec(140_000, T) == "IVF4096,SQ8"  # 1.4M vectors: lists of ~340
+    assert faiss_index.auto_spec(150_000, T) == "IVF8192(HNSW32_SQfp16),SQ8"  # 1.5M: 4 sqrt(n) still says 4096
+    assert faiss_index.auto_spec(100_000, 20) == "IVF8192(HNSW32_SQfp16),SQ8"  # two framings, 2M vectors
+    assert faiss_index.auto_spec(200_000, T) == "IVF8192(HNSW32_SQfp16),SQ8"
     assert faiss_index.auto_spec(300_000, T) == "IVF16384(HNSW32_SQfp16),SQ8"
     spec = faiss_index.auto_spec(1_000_000, T, 256)
     assert spec == "IVF32768(HNSW32_SQfp16),SQ8" and faiss_index.ivf_nlist(spec) == 32768
