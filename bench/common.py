@@ -107,6 +107,12 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
     return hits / (k * len(truth))
 
 
+def gt_path(tag: str, n: int, n_queries: int) -> Path:
+    """Where the exact top-k of ``n_queries`` queries over ``n`` images of the corpus named ``tag`` is cached
+    (``bench.data.ground_truth`` writes it; ``bench.peers`` reads it)."""
+    return DATA_DIR / f"gt-{tag}-{n}x{n_queries}.npz"
+
+
 def timed_searches(searcher, queries: np.ndarray, k: int, **params) -> tuple[list[float], np.ndarray, list[int]]:
     """One ``searcher.search(query, k=k, **params)`` per query of ``queries`` ((Q, m, D) float32), timed:
     (latencies in seconds, (Q, k) int64 ids with -1 where fewer than k came back, candidates scored per query)."""

@@ -183,9 +183,9 @@ def main() -> None:
                           width=width)
             with torch.inference_mode():
                 tokens[part] = enc.encode(pix).numpy().astype(np.float16)
-                queries = part[part >= args.n_db]
-                if qtokens is not None and len(queries):
-                    qtokens[queries - args.n_db] = enc.encode_query(pix[part >= args.n_db]).numpy().astype(np.float16)
+                is_q = part >= args.n_db
+                if qtokens is not None and is_q.any():
+                    qtokens[part[is_q] - args.n_db] = enc.encode_query(pix[is_q]).numpy().astype(np.float16)
         tokens.flush()
         if qtokens is not None:
             qtokens.flush()

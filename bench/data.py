@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import CORPUS_DIR, DATA_DIR
+from bench.common import CORPUS_DIR, gt_path
 
 
 def load_corpus(dim: int = 384, n_db: int | None = None, n_queries: int | None = None, source: str = "fmnist"):
@@ -82,11 +82,6 @@ def exact_topk(db: np.ndarray, q: np.ndarray, k: int = 100, chunk: int = 4096,
         order = np.lexsort((ids[r], -scores[r]))
         ids[r], scores[r] = ids[r][order], scores[r][order]
     return ids, scores
-
-
-def gt_path(tag: str, n: int, n_queries: int) -> Path:
-    """Where ``ground_truth`` caches the exact top-k of ``n_queries`` queries over ``n`` images named ``tag``."""
-    return DATA_DIR / f"gt-{tag}-{n}x{n_queries}.npz"
 
 
 def ground_truth(db: np.ndarray, q: np.ndarray, tag: str, k: int = 100, framings: int = 1) -> tuple[np.ndarray, float]:

@@ -62,7 +62,8 @@ def prepare(src: Path, work: Path) -> Path:
 
 def index_of_source(source: Path) -> tuple[Path, Path]:
     """(index, queries file) of a ``bench.shared`` corpus folder; builds the index (regis's defaults) if absent."""
-    from bench.data import DATA_DIR, build_index
+    from bench.common import DATA_DIR
+    from bench.data import build_index
 
     info = json.loads((source / "info.json").read_text())
     path = DATA_DIR / "idx" / f"{source.name}-{info['db']}-auto-float16"

@@ -46,6 +46,7 @@ import numpy as np
 from bench.common import (
     DATA_DIR,
     dir_bytes,
+    gt_path,
     latency_stats,
     print_machine,
     proc_memory,
@@ -204,7 +205,7 @@ def measure(args) -> dict:
 
 def parent(args) -> list[dict]:
     """Per size: ground truth, index build (cached), then the child process's measures."""
-    from bench.data import build_index, ground_truth, gt_path
+    from bench.data import build_index, ground_truth
 
     rows = []
     for n in [int(x) for x in args.sizes.split(",")]:

@@ -40,7 +40,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, dir_bytes, latency_stats, print_machine, proc_memory, recall_at_k, rss_growth
+from bench.common import (
+    DATA_DIR,
+    dir_bytes,
+    gt_path,
+    latency_stats,
+    print_machine,
+    proc_memory,
+    recall_at_k,
+    rss_growth,
+)
 
 PEER_DIR = DATA_DIR / "peers"
 DEFAULT_PYTHONS = {
@@ -51,7 +60,7 @@ DEFAULT_PYTHONS = {
 
 
 def _gt(n_db: int, n_q: int, tag: str) -> np.ndarray:
-    path = DATA_DIR / f"gt-{tag}-{n_db}x{n_q}.npz"
+    path = gt_path(tag, n_db, n_q)
     if not path.exists():
         raise SystemExit(f"{path} is missing: run `python -m bench.search` first (it writes the ground truth)")
     return np.load(path)["ids"]

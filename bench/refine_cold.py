@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import latency_stats, print_machine, recall_at_k
+from bench.common import gt_path, latency_stats, print_machine, recall_at_k, timed_searches
 
 
 def cold_rows(index: Path, source: Path, shares: list[float], rounds: int, queries: int, k: int = 10) -> list[dict]:
@@ -30,7 +29,6 @@ def cold_rows(index: Path, source: Path, shares: list[float], rounds: int, queri
     import faiss
     import torch
 
-    from bench.data import gt_path
     from bench.million import evict
     from regis.indexes.snapshot import IndexSnapshot
     from regis.retrieve.searcher import Searcher
@@ -46,12 +44,7 @@ def cold_rows(index: Path, source: Path, shares: list[float], rounds: int, queri
         for share in shares:
             searcher = Searcher(snap, refine_share=share)
             evict(segments)
-            lat, found = [], np.full((len(q), k), -1, np.int64)
-            for i in range(len(q)):
-                t0 = time.perf_counter()
-                r = searcher.search(q[i], k=k)
-                lat.append(time.perf_counter() - t0)
-                found[i, : len(r.ids)] = r.ids
+            lat, found, _ = timed_searches(searcher, q, k)
             st = latency_stats(lat)
             rows.append({"index": index.name, "round": rnd, "refine_share": share, "cold_p50_ms": st["p50_ms"],
                          "cold_p99_ms": st["p99_ms"], "recall@10": recall_at_k(found, gt, k)})
