@@ -225,8 +225,51 @@ def test_create_collection_asks_for_a_layout(served):
             regis.delete_collection(name)
 
 
+def test_create_collection_asks_for_a_frame_and_query_layout(served):
+    """``create_collection(frame=..., query_layout=...)``, sync and async: the service records them
+    (collection.json, ``CollectionInfo.config``); a frame not offered: the server's 422 as ``UnprocessableError``
+    naming frame, nothing created."""
+    url, _, write_key, images = served
+    root = images.parent / "collections"  # the fixture's collections root
+    tiny = {"backbone": "vit-tiny-reg4-test", "random_init": True}
+    asked = {"frame": "center-crop", "query_layout": "tokens"}
+
+    def recorded(name: str) -> dict:
+        config = json.loads((root / name / "collection.json").read_text())
+        return {"frame": config["frame"], "query_layout": config["query_layout"]}
+
+    with Client(url, api_key=write_key) as regis:
+        made = regis.create_collection("framed", **tiny, **asked)
+        info = regis.collection_info("framed")
+        assert {k: made.config[k] for k in asked} == {k: info.config[k] for k in asked} == asked
+        assert recorded("framed") == asked
+        plain = regis.create_collection("unframed", **tiny)
+        assert (plain.config["frame"], plain.config["query_layout"]) == (None, None)
+        with pytest.raises(UnprocessableError) as refused:
+            regis.create_collection("oddframe", **tiny, frame="crop")
+        assert (refused.value.status, refused.value.code) == (422, "invalid_request")
+        assert "frame" in refused.value.message and not (root / "oddframe").exists()
+
+    async def main():
+        async with AsyncClient(url, api_key=write_key) as regis:
+            made = await regis.create_collection("aframed", **tiny, **asked)
+            info = await regis.collection_info("aframed")
+            with pytest.raises(UnprocessableError) as refused:
+                await regis.create_collection("aoddframe", **tiny, frame="Center-Crop")
+            return made, info, refused.value
+
+    made, info, refused = asyncio.run(main())
+    assert {k: made.config[k] for k in asked} == {k: info.config[k] for k in asked} == asked
+    assert recorded("aframed") == asked
+    assert refused.status == 422 and "frame" in refused.message and not (root / "aoddframe").exists()
+    with Client(url, api_key=write_key) as regis:
+        for name in ("framed", "unframed", "aframed"):
+            regis.delete_collection(name)
+
+
 def test_create_collection_sends_a_layout_only_when_given():
-    """Servers from before layouts refuse unknown fields: no ``layout`` key unless one is asked for."""
+    """Servers from before layouts (or frames) refuse unknown fields: no ``layout``, ``frame`` or ``query_layout``
+    key unless one is asked for."""
     bodies = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -237,7 +280,10 @@ def test_create_collection_sends_a_layout_only_when_given():
     with Client("http://regis.test", transport=httpx.MockTransport(handler)) as regis:
         assert regis.create_collection("old").layout == "default"  # an old server's answer has no layout
         regis.create_collection("new", layout="compact")
-    assert "layout" not in bodies[0] and bodies[1]["layout"] == "compact"
+        regis.create_collection("framed", frame="pad", query_layout="tokens")
+    assert not {"layout", "frame", "query_layout"} & set(bodies[0]) and bodies[1]["layout"] == "compact"
+    assert "frame" not in bodies[1] and "query_layout" not in bodies[1] and "layout" not in bodies[2]
+    assert (bodies[2]["frame"], bodies[2]["query_layout"]) == ("pad", "tokens")
 
 
 def _flaky(statuses: list[int], body: dict | None = None, headers: dict | None = None):

@@ -174,10 +174,13 @@ class AsyncClient:
         return await self._run(self.routes.collection_info(name))
 
     async def create_collection(self, name: str, backbone: str | None = None, *, random_init: bool = False,
-                                description: str = "", layout: str | None = None) -> schemas.CollectionInfo:
-        """``Client.create_collection`` (``layout``: "default" or "compact"; another value: a 422,
-        ``UnprocessableError``)."""
-        return await self._run(self.routes.create_collection(name, backbone, random_init, description, layout))
+                                description: str = "", layout: str | None = None, frame: str | None = None,
+                                query_layout: str | None = None) -> schemas.CollectionInfo:
+        """``Client.create_collection`` (``layout``: "default" or "compact"; ``frame``: "center-crop", "pad",
+        "squash", "aspect" or "center-crop+aspect"; ``query_layout``: "tokens" or "tokens+roi-cues"; the index
+        records them; another value: a 422, ``UnprocessableError``)."""
+        return await self._run(self.routes.create_collection(name, backbone, random_init, description, layout,
+                                                             frame=frame, query_layout=query_layout))
 
     async def delete_collection(self, name: str) -> None:
         """``Client.delete_collection``."""

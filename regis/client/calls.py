@@ -209,10 +209,13 @@ class Routes:
     def collection_info(self, name: str) -> Call:
         return Call("GET", f"/v1/collections/{quote(name, safe='')}", read=model(CollectionInfo))
 
-    def create_collection(self, name: str, backbone=None, random_init=False, description="", layout=None) -> Call:
+    def create_collection(self, name: str, backbone=None, random_init=False, description="", layout=None, *,
+                          frame=None, query_layout=None) -> Call:
         body = {"name": name, "backbone": backbone, "random_init": random_init, "description": description}
-        if layout is not None:  # sent only when asked for: servers from before layouts refuse unknown fields
-            body["layout"] = layout
+        # each sent only when asked for: servers from before these fields refuse unknown ones
+        for key, value in (("layout", layout), ("frame", frame), ("query_layout", query_layout)):
+            if value is not None:
+                body[key] = value
         return Call("POST", "/v1/collections", json=body, read=model(CollectionInfo))
 
     def delete_collection(self, name: str) -> Call:

@@ -219,7 +219,8 @@ class Client:
         return self._run(self.routes.collection_info(name))
 
     def create_collection(self, name: str, backbone: str | None = None, *, random_init: bool = False,
-                          description: str = "", layout: str | None = None) -> schemas.CollectionInfo:
+                          description: str = "", layout: str | None = None, frame: str | None = None,
+                          query_layout: str | None = None) -> schemas.CollectionInfo:
         """Create an empty collection embedding with ``backbone`` (default efficientnet-lite0):
         ``POST /v1/collections`` (a write key).
 
@@ -228,12 +229,21 @@ class Client:
         0); ``CollectionInfo.layout`` reports it. None sends no layout (the server's default, and what servers
         from before layouts accept).
 
+        ``frame`` is how an image becomes the encoder's input: "center-crop" (the central square; the default for
+        ViTs), "pad", "squash", "aspect" (CNNs: the whole image, aspect ratio kept; ViTs: pad) or
+        "center-crop+aspect" (the default for CNNs: both framings' tokens per image, each image scored by its
+        better one; twice the tokens and encoder time). ``query_layout`` is a query's tokens: "tokens" (the
+        indexed ones) or "tokens+roi-cues" (CNNs with a ROI pass; the default for new CNN collections). The
+        index records both and its queries use them; ``CollectionInfo.config`` reports them ("frame",
+        "query_layout"). None sends neither (the backbone's default, and what servers from before them accept).
+
         Raises:
-            UnprocessableError: 422, e.g. a layout other than "default" or "compact" (``invalid_request``, its
-                message naming ``layout``), an unknown backbone.
+            UnprocessableError: 422, e.g. a layout, frame or query layout not offered (``invalid_request``, its
+                message naming the field), an unknown backbone.
             ConflictError: 409, the collection exists already.
         """
-        return self._run(self.routes.create_collection(name, backbone, random_init, description, layout))
+        return self._run(self.routes.create_collection(name, backbone, random_init, description, layout,
+                                                       frame=frame, query_layout=query_layout))
 
     def delete_collection(self, name: str) -> None:
         """Delete a collection and its index: ``DELETE /v1/collections/{name}`` (a write key)."""
