@@ -235,7 +235,8 @@ class Client:
         better one; twice the tokens and encoder time). ``query_layout`` is a query's tokens: "tokens" (the
         indexed ones) or "tokens+roi-cues" (CNNs with a ROI pass; the default for new CNN collections). The
         index records both and its queries use them; ``CollectionInfo.config`` reports them ("frame",
-        "query_layout"). None sends neither (the backbone's default, and what servers from before them accept).
+        "query_layout"). Each is sent only when not None (None: the backbone's default; servers from before
+        them accept only that).
 
         Raises:
             UnprocessableError: 422, e.g. a layout, frame or query layout not offered (``invalid_request``, its
