@@ -471,14 +471,29 @@ def run3(args) -> int:
     return 0
 
 
+def table_kinds(queries: list) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The columns of ``run``'s table for these queries (``regis.data.hard_cases.Item``): "all", then each of
+    ``QUERY_KINDS`` (the hard set's one list of kinds) that has queries, in its order; and the kinds skipped,
+    with why ({kind: reason}, ``absent_kinds``)."""
+    from regis.data.hard_cases import QUERY_KINDS, absent_kinds
+
+    skipped = absent_kinds(queries)
+    return ("all", *(k for k in QUERY_KINDS if k not in skipped)), skipped
+
+
 def run(args) -> int:
+    """Every ``variants`` row (``--only``: those whose name contains one of them) scored per kind of
+    ``table_kinds``: a table on stdout, a line per kind skipped (which kind, why), and with ``--json`` the rows
+    and the kinds skipped."""
     from regis.scores.maxsim import maxsim_scores
 
     hard, _ = load_hard_set(args.repeats, args.seed)
     kinds = np.array([it.kind for it in hard.queries])
     rows = []
-    order = ("all", "view", "tile", "partial", "rotate", "color", "jpeg", "stereo")
+    order, skipped = table_kinds(hard.queries)
     print(f"seed {args.seed}: {len(hard.queries)} queries; R@1 / mAP")
+    for kind, why in skipped.items():
+        print(f"kind {kind} skipped: {why}")
     print(f"{'variant':58s} {'scorer':10s} {'vec':>4s} " + " ".join(f"{k:>13s}" for k in order))
     for name, scorers in variants(args.cache, args.seed, args.repeats):
         if args.only and not any(o in name for o in args.only):
@@ -492,7 +507,8 @@ def run(args) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "seed": args.seed,
-                                         "repeats": args.repeats, "queries": len(hard.queries), "rows": rows},
+                                         "repeats": args.repeats, "queries": len(hard.queries),
+                                         "kinds_skipped": skipped, "rows": rows},
                                         indent=2) + "\n")
     return 0
 

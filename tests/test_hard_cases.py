@@ -11,6 +11,7 @@ from regis.data.hard_cases import (
     ASPECT_KINDS,
     QUERY_KINDS,
     Item,
+    absent_kinds,
     build_hard_set,
     is_relevant,
     query_items,
@@ -57,6 +58,8 @@ def test_hard_set_is_seeded_and_every_query_has_an_answer(photos_dir):
     assert sorted(q.kind for q in a.queries) == sorted(2 * [k for k in QUERY_KINDS
                                                             if k not in ("stereo", *ASPECT_KINDS)])
     assert a.relevance.shape == (14, 32) and a.relevance.any(axis=1).all()
+    assert list(absent_kinds(a.queries)) == ["stereo", *ASPECT_KINDS]  # no stereo pair, no aspect photos
+    assert "motorcycle_right.png" in absent_kinds(a.queries)["stereo"]
     assert [q.box for q in a.queries] == [q.box for q in b.queries]
     pairs = zip(a.queries, b.queries, strict=True)
     assert all(np.array_equal(np.asarray(x.image), np.asarray(y.image)) for x, y in pairs)

@@ -332,6 +332,24 @@ def build_hard_set(photos: list[Path], repeats: int = 3, seed: int = 0, stereo_d
     return HardSet(gallery, queries, relevance_matrix(queries, gallery))
 
 
+def absent_kinds(queries: list[Item]) -> dict[str, str]:
+    """Each of ``QUERY_KINDS`` without a query in ``queries`` (in that order), with why: {kind: reason}.
+
+    ``stereo`` needs its source pair (``STEREO_PAIR``: the left photo among the photos, scikit-image's right one
+    in ``build_hard_set``'s ``stereo_dir``); ``ASPECT_KINDS`` need portrait or panoramic photos
+    (``aspect_photos``); the other kinds come from every photo, so they lack queries only when there are no
+    photos or ``repeats`` is 0.
+    """
+    present = {q.kind for q in queries}
+    left, right = STEREO_PAIR
+    reasons = {"stereo": f"its source photos are missing (needs {left} among the photos and scikit-image's {right} "
+                         "in stereo_dir)"}
+    reasons |= {k: "its source photos are missing (no portrait or panoramic photos given: aspect_photos)"
+                for k in ASPECT_KINDS}
+    return {k: reasons.get(k, "no queries of this kind (no photos, or repeats = 0)")
+            for k in QUERY_KINDS if k not in present}
+
+
 def skimage_data_dir() -> Path | None:
     """scikit-image's bundled data folder, or None when scikit-image is not installed."""
     import importlib.util
