@@ -113,9 +113,33 @@ def gt_path(tag: str, n: int, n_queries: int) -> Path:
     return DATA_DIR / f"gt-{tag}-{n}x{n_queries}.npz"
 
 
-def timed_searches(searcher, queries: np.ndarray, k: int, **params) -> tuple[list[float], np.ndarray, list[int]]:
-    """One ``searcher.search(query, k=k, **params)`` per query of ``queries`` ((Q, m, D) float32), timed:
-    (latencies in seconds, (Q, k) int64 ids with -1 where fewer than k came back, candidates scored per query)."""
+def warm_up(searcher, queries: np.ndarray, n: int, k: int, **params) -> int:
+    """``n`` untimed ``searcher.search(query, k=k, **params)`` calls, results discarded, cycling through
+    ``queries`` ((Q, m, D) float32) from the first: the lazy first-call work (FAISS, torch, page cache) out of the
+    timed queries. Returns ``n``.
+
+    Raises:
+        ValueError: ``n`` < 0, or ``n`` > 0 with no queries.
+    """
+    if n < 0:
+        raise ValueError(f"warm-up of {n} queries: it must be >= 0")
+    if n and not len(queries):
+        raise ValueError(f"warm-up of {n} queries with no queries to draw them from")
+    for i in range(n):
+        searcher.search(queries[i % len(queries)], k=k, **params)
+    return n
+
+
+def timed_searches(searcher, queries: np.ndarray, k: int, warmup: int = 0,
+                   **params) -> tuple[list[float], np.ndarray, list[int]]:
+    """One ``searcher.search(query, k=k, **params)`` per query of ``queries`` ((Q, m, D) float32), timed, after
+    ``warmup`` untimed ones (``warm_up``; 0: none, so a cold measure stays cold): (Q latencies in seconds, (Q, k)
+    int64 ids with -1 where fewer than k came back, candidates scored per query), the warm-up in none of them.
+
+    Raises:
+        ValueError: ``warm_up``'s.
+    """
+    warm_up(searcher, queries, warmup, k, **params)
     lat, found, cands = [], np.full((len(queries), k), -1, np.int64), []
     for i in range(len(queries)):
         t0 = time.perf_counter()

@@ -8,6 +8,10 @@ For each FAISS spec it builds a regis index from the corpus tokens (``bench.data
 - recall@10: |top-10 & exact top-10| / 10, the exact top-10 from ``bench.data.ground_truth`` (float32 MaxSim
   over every database image).
 
+Before each point (and the exact mode) ``--warmup`` (default 10; 0: none) untimed single-query searches run and
+are discarded (``bench.common.warm_up``), so lazy first-call work and cold caches stay out of p50 / p99; each
+row records the count (``warmup_queries``).
+
 Rows: one JSON line each (``row:``), then a markdown table. Indexes are cached under
 ``$REGIS_BENCH_DATA/idx`` (``--rebuild`` to redo; the build time is printed when built).
 
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import DATA_DIR, latency_stats, print_machine, recall_at_k, timed_searches
+from bench.common import DATA_DIR, latency_stats, print_machine, recall_at_k, timed_searches, warm_up
 
 
 def _ints(s: str) -> list[int]:
@@ -34,13 +38,21 @@ def _ints(s: str) -> list[int]:
 
 
 def run_point(searcher, q: np.ndarray, gt: np.ndarray, k: int, depth: int | None, nprobe: int | None,
-              batch: int, single: bool = True) -> dict:
-    """Measure one (depth, nprobe) point: single-query latencies, batched QPS, recall@k, mean candidates."""
+              batch: int, single: bool = True, warmup: int = 10) -> dict:
+    """Measure one (depth, nprobe) point: single-query latencies, batched QPS, recall@k, mean candidates.
+
+    ``warmup`` untimed single-query searches come first (``bench.common.warm_up``: the first queries of ``q``,
+    results discarded), in none of the figures; the row records the count (``warmup_queries``).
+
+    Raises:
+        ValueError: ``warmup`` < 0.
+    """
     found = np.full((len(q), k), -1, dtype=np.int64)
     lat = []
     if single:
-        searcher.search(q[0], k=k, depth=depth, nprobe=nprobe)  # warm-up
-        lat, found, _ = timed_searches(searcher, q, k, depth=depth, nprobe=nprobe)
+        lat, found, _ = timed_searches(searcher, q, k, warmup=warmup, depth=depth, nprobe=nprobe)
+    else:
+        warm_up(searcher, q, warmup, k, depth=depth, nprobe=nprobe)
     t0 = time.perf_counter()
     batched = []
     for start in range(0, len(q), batch):
@@ -51,7 +63,7 @@ def run_point(searcher, q: np.ndarray, gt: np.ndarray, k: int, depth: int | None
         bfound[i, : len(r.ids)] = r.ids
     out = {"recall@10": recall_at_k(found if single else bfound, gt, k),
            "batched_qps": len(q) / batch_s, "batched_recall@10": recall_at_k(bfound, gt, k),
-           "candidates": float(np.mean([r.num_candidates for r in batched]))}
+           "candidates": float(np.mean([r.num_candidates for r in batched])), "warmup_queries": warmup}
     if single:
         out.update(latency_stats(lat))
         out["single_qps"] = len(q) / sum(lat)
@@ -76,8 +88,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch and FAISS threads (default: all cores)")
     p.add_argument("--search-threads", type=int, default=None,
                    help="FAISS threads of one query's candidate search (default: regis's, 1; 0 = every core)")
+    p.add_argument("--warmup", type=int, default=10,
+                   help="untimed single-query searches before each timed sweep point and the exact mode, "
+                        "recorded as warmup_queries (0: none)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = p.parse_args()
+    if args.warmup < 0:
+        p.error(f"--warmup {args.warmup}: it must be >= 0")
 
     import faiss
     import torch
@@ -92,7 +109,7 @@ def main() -> None:
     db, q = load_corpus(args.dim, args.n_db, args.n_queries, args.source)
     tag = "fmnist" if args.source == "fmnist" else Path(args.source).name
     print_machine({"bench": "search", "source": tag, "db_images": len(db), "queries": len(q),
-                   "tokens": db.shape[1], "dim": db.shape[2]})
+                   "tokens": db.shape[1], "dim": db.shape[2], "warmup_queries": args.warmup})
     gt, gt_s = ground_truth(db, q, tag)
     print(f"ground truth: exact float32 MaxSim over {len(db)} images, {gt_s:.1f} s for {len(q)} queries", flush=True)
     rows = []
@@ -113,7 +130,8 @@ def main() -> None:
             if nprobe is not None and faiss.try_extract_index_ivf(snap.faiss) is None and nprobe != nprobes[0]:
                 continue  # nprobe means nothing to a Flat / HNSW index
             for depth in depths:
-                res = run_point(searcher, q, gt, args.k, depth, nprobe, args.batch, single=not args.no_single)
+                res = run_point(searcher, q, gt, args.k, depth, nprobe, args.batch, single=not args.no_single,
+                                warmup=args.warmup)
                 row = {"system": "regis", "spec": m.faiss.spec, "token_store": m.token_store.spec,
                        "nprobe": nprobe or m.faiss.nprobe, "depth": depth or m.faiss.depth, **res}
                 if built:
@@ -121,9 +139,10 @@ def main() -> None:
                 rows.append(row)
                 print("row:", json.dumps(row), flush=True)
         if args.exact:
-            lat, _, _ = timed_searches(searcher, q[:50], args.k, mode="exact")
+            lat, _, _ = timed_searches(searcher, q[:50], args.k, warmup=args.warmup, mode="exact")
             row = {"system": "regis exact mode", "spec": "-", "token_store": "float16", "nprobe": "-",
-                   "depth": "-", "recall@10": 1.0, **latency_stats(lat), "single_qps": len(lat) / sum(lat)}
+                   "depth": "-", "recall@10": 1.0, **latency_stats(lat), "single_qps": len(lat) / sum(lat),
+                   "warmup_queries": args.warmup}
             rows.append(row)
             print("row:", json.dumps(row), flush=True)
         snap.close()
