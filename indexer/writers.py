@@ -12,10 +12,12 @@ from regis.indexes.writer import IndexWriter
 
 
 def layout_options(index_dir: str | Path) -> dict[str, str]:
-    """The ``IndexWriter`` arguments that the layout of the collection in ``index_dir`` asks for
+    """The ``IndexWriter`` arguments that the layout of the unsharded collection in ``index_dir`` asks for
     (``CollectionConfig.writer_options``) while it has no index version yet; {} once it has one (its manifest
-    keeps the layout it was written with: ``FaissInfo.codec``, ``TokenStoreInfo.rule``), for a sharded
-    collection, and for a folder that is no collection (no ``collection.json``, a deleted one's tombstone).
+    keeps the layout it was written with: ``FaissInfo.codec``, ``TokenStoreInfo.rule``), for a folder that is no
+    collection (no ``collection.json``, a deleted one's tombstone), and for a sharded collection, whose writer
+    gives each shard's first version the collection's layout itself (``regis.sharding.write.ShardedWriter``,
+    ``regis.sharding.layout.new_shard_options``).
 
     Raises:
         ConfigError: an unreadable ``collection.json``.
@@ -33,7 +35,10 @@ def layout_options(index_dir: str | Path) -> dict[str, str]:
 def open_writer(index_dir: str | Path, encoder, weights, **writer_kwargs):
     """The writer of an index: ``IndexWriter``, or for a sharded collection a ``CollectionWriter`` (the same
     interface in global ids, over every shard; ``regis.sharding.write``). A collection's first version is
-    written in the collection's layout (``layout_options``), but for a codec or store ``writer_kwargs`` name.
+    written in the collection's layout (``layout_options``), and so is each shard's first version in a sharded
+    collection (its shards' layout once one has a version, else its ``collection.json``'s:
+    ``regis.sharding.layout.new_shard_options``), but for a codec or store ``writer_kwargs`` name; a version
+    after that keeps its manifest's.
 
     Raises:
         IndexMismatchError / IndexLockedError: as ``IndexWriter``.

@@ -121,6 +121,43 @@ def test_a_collections_layout_decides_its_first_index_version(tmp_path, photos_d
         root.config("old")
 
 
+def _shard_layouts(collection: Path) -> list[tuple[str | None, str | None]]:
+    """(FaissInfo.codec, TokenStoreInfo.rule) of every shard version the collection's record lists."""
+    from regis.indexes.layout import VERSIONS_DIR
+    from regis.indexes.manifest import read_manifest
+    from regis.sharding.layout import read_state
+
+    state = read_state(collection)
+    manifests = [read_manifest(state.shard_path(collection, s) / VERSIONS_DIR / name)
+                 for s, name in enumerate(state.names) if name is not None]
+    return [(m.faiss.codec, m.token_store.rule) for m in manifests]
+
+
+def test_a_sharded_compact_collections_shards_and_resharded_shards_are_compact(tmp_path, photos_dir, tiny_encoder,
+                                                                              one_thread):
+    """A compact collection made sharded (2 shards, as ``regis index build --ray --shards 2 --collection`` makes
+    it) and filled by a folder build (through its ``CollectionWriter``): each shard's first version is in the
+    compact layout, as the unsharded test above checks (it was the default: the layout was read for unsharded
+    collections only), and so are the 3 shards a re-sharding writes (it kept neither the codec nor the store's
+    compact rule)."""
+    from regis.indexes.collections import CollectionConfig
+    from regis.sharding.layout import create_collection, read_state
+    from regis.sharding.reshard import reshard
+
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
+        shutil.copy(photos_dir / name, folder / name)
+    root = CollectionsRoot(tmp_path / "collections")
+    compact = root.create("small", CollectionConfig(layout="compact"))
+    create_collection(compact, 2)
+    assert build(folder, compact, tiny_encoder).added == 3
+    assert _shard_layouts(compact) == [("PQ4x4fs", "compact")] * 2  # ids 0 and 2 in shard 0, 1 in shard 1
+    assert reshard(compact, 3).images == 3
+    assert read_state(compact).num_shards == 3 and _shard_layouts(compact) == [("PQ4x4fs", "compact")] * 3
+    assert root.describe("small")["images"] == 3
+
+
 def test_cli_creates_a_compact_collection_and_refuses_other_layouts(cli, tmp_path, photos_dir, one_thread):
     """``regis collections create --layout compact``: collection.json records it, ``collections list`` and
     ``info`` show it, the first ``index build`` writes the compact layout; a layout not offered is a usage

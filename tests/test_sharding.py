@@ -293,6 +293,54 @@ def test_an_error_withdrawing_a_renamed_shard_keeps_the_commit_error_and_release
     assert _rows(collection) == [(i, f"p{i}.png") for i in range(6)]
 
 
+def _layouts(collection) -> list[tuple[str | None, str | None] | None]:
+    """(FaissInfo.codec, TokenStoreInfo.rule) of each shard's version in the collection's record (None: none)."""
+    from regis.indexes.layout import VERSIONS_DIR
+    from regis.indexes.manifest import read_manifest
+    from regis.sharding.layout import read_state
+
+    state = read_state(collection)
+    out = []
+    for s, name in enumerate(state.names):
+        m = read_manifest(state.shard_path(collection, s) / VERSIONS_DIR / name) if name else None
+        out.append((m.faiss.codec, m.token_store.rule) if m else None)
+    return out
+
+
+def test_a_shard_first_written_after_the_others_takes_the_collections_layout(tmp_path, tiny_encoder):
+    """A shard's first version follows the layout of the shards written before it: a collection (no
+    collection.json) first written compact into shard 0 only, then through a ``CollectionWriter`` without layout
+    options (the service's writes), gets a compact shard 1 too (it got regis's default codec and store). A
+    collection.json asking for the compact layout over shards written in the default one: a new shard follows
+    the shards (one layout per collection, fixed by its first version, as an unsharded index's), and a
+    re-sharding, which rewrites every shard, writes them all compact."""
+    from regis.indexes.collections import CONFIG_FILE, CollectionConfig
+    from regis.indexes.layout import write_json_atomic
+    from regis.sharding.reshard import reshard
+    from regis.sharding.write import CollectionWriter
+
+    rng = np.random.default_rng(7)
+    tokens = _clustered(rng, 2, rng.standard_normal((5, 32)), 0.1)
+    config, weights = tiny_encoder.config, tiny_encoder.weights_info
+    compact, legacy = tmp_path / "compact", tmp_path / "legacy"
+    with ShardedWriter(compact, 2, config, weights, faiss_codec="compact", token_store="compact") as w:
+        w.put([_rec(i) for i in w.allocate_ids(1)], tokens[:1])  # global id 0: shard 0
+        w.commit()
+    with ShardedWriter(legacy, 2, config, weights) as w:
+        w.put([_rec(i) for i in w.allocate_ids(1)], tokens[:1])
+        w.commit()
+    assert _layouts(compact) == [("PQ4x4fs", "compact"), None] and _layouts(legacy) == [(None, None), None]
+    write_json_atomic(legacy / CONFIG_FILE, CollectionConfig(layout="compact").model_dump())
+    for collection in (compact, legacy):
+        with CollectionWriter(collection, config, weights) as w:
+            w.put([_rec(i) for i in w.allocate_ids(1)], tokens[1:])  # global id 1: shard 1's first version
+            w.commit()
+    assert _layouts(compact) == [("PQ4x4fs", "compact")] * 2
+    assert _layouts(legacy) == [(None, None)] * 2
+    reshard(legacy, 3)
+    assert _layouts(legacy) == [("PQ4x4fs", "compact")] * 2 + [None]  # ids 0 and 1; shard 2 holds none
+
+
 def test_the_collection_version_rises_by_one_per_write_and_readers_move_at_once(tmp_path, tiny_encoder):
     """Writes changing one, two and two shards of three: the collection's version is 1, 2, 3, 4 (it used to be
     the sum of the shards' versions, rising by the number of shards changed); an engine serves the state it

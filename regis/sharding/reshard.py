@@ -1,18 +1,18 @@
 """Re-sharding a collection online: S -> S' shards while it keeps answering.
 
-Under the collection's write lock (writers wait; readers are never blocked), ``reshard`` reads the published
-state (version V over S shards), writes every live image of it into S' new shard indexes in new folders
+Under the collection's write lock (writers wait; readers are never blocked), ``reshard`` reads the published state
+(version V over S shards), writes every live image of it into S' new shard indexes in new folders
 (``shard-NNN-g<G>``, G: the collection's re-sharding generation, one more each time): image ``g`` goes to shard
-``g % S'`` under the local id ``g // S'`` with its table row, tokens and buddy patches, each new shard's FAISS
-index built over its own images with the collection's settings (spec, nprobe, depth, token store, candidate
-method, images root). Then the new layout is published in ONE step, the same rename of the collection record
-that publishes a write: version V + 1, S' shards, their folders (``regis.sharding.layout``). Readers move to it
-at their next refresh (the embedded engine and Ray Serve's ingress: within ``REGIS_INDEX_POLL_S``); a query in
-flight finishes on the state it started with, whose folders stay on disk (listed as ``retired`` in the record)
-until a writer removes them ``RETIRE_GRACE_S`` later. Global ids do not change, so results before and after are
-identical in exact mode, and in ANN mode wherever the shards' FAISS indexes are exact (Flat, the choice for
-small shards) or probe everything; with IVF shards the candidates of a re-partitioned index can differ as those of
-any rebuild do.
+``g % S'`` under the local id ``g // S'`` with its table row, tokens and buddy patches, each new shard's FAISS index
+built over its own images with the collection's settings (spec, nprobe, depth, token store, candidate method, images
+root) and in its layout (default or compact: ``_writer_options``). Then the new layout is published in ONE step, the
+same rename of the collection record that publishes a write: version V + 1, S' shards, their folders
+(``regis.sharding.layout``). Readers move to it at their next refresh (the embedded engine and Ray Serve's ingress:
+within ``REGIS_INDEX_POLL_S``); a query in flight finishes on the state it started with, whose folders stay on disk
+(listed as ``retired`` in the record) until a writer removes them ``RETIRE_GRACE_S`` later. Global ids do not
+change, so results before and after are identical in exact mode, and in ANN mode wherever the shards' FAISS indexes
+are exact (Flat, the choice for small shards) or probe everything; with IVF shards the candidates of a
+re-partitioned index can differ as those of any rebuild do.
 
 A re-sharding killed before the record is replaced leaves the collection as it was (its new folders are read by
 nobody and the next re-sharding, which reuses their names, removes them first): ``reshard.shards-written``.
@@ -41,6 +41,7 @@ from regis.sharding.layout import (
     collection_manifest,
     read_layout,
     read_state,
+    stored_layout,
     to_global,
     write_layout,
 )
@@ -63,14 +64,26 @@ class ReshardReport:
         return asdict(self)
 
 
-def _writer_options(manifest) -> dict:
-    """The index options every new shard gets: the collection's (an automatic FAISS spec stays automatic, chosen
-    for each new shard's size)."""
+def _writer_options(collection: Path, manifest) -> dict:
+    """The index options every new shard gets: the collection's, from ``manifest`` (its first shard's with a
+    version; an automatic FAISS spec stays automatic, chosen for each new shard's size), in the collection's
+    layout: the one its shards were written in (``stored_layout``: the FAISS vector codec, and for the compact
+    layout the token store "compact", which regis re-picks for each new shard's size), or the compact one
+    when its ``collection.json`` asks for it (``CollectionConfig.writer_options``: every shard is rewritten here,
+    so a compact collection whose shards were written in the default layout gets it back).
+
+    Raises:
+        ConfigError: an unreadable ``collection.json``.
+    """
+    from regis.indexes.collections import read_config
+
+    config = read_config(collection)
     return {"faiss_spec": None if manifest.faiss.auto else manifest.faiss.spec,
             "nprobe": None if manifest.faiss.auto else manifest.faiss.nprobe,
             "depth": None if manifest.faiss.auto else manifest.faiss.depth,
             "candidates": manifest.faiss.candidates, "token_store": manifest.token_store.spec,
-            "images_root": manifest.images_root}
+            "images_root": manifest.images_root, **stored_layout(manifest),
+            **(config.writer_options() if config is not None else {})}
 
 
 def _copy_shard(snap: IndexSnapshot, shard: int, num_shards: int, writers: list[IndexWriter], chunk: int) -> int:
@@ -115,7 +128,7 @@ def reshard(collection: Path | str, num_shards: int, lock_timeout_s: float = 300
         The report (``version`` None when the collection has ``num_shards`` shards already).
 
     Raises:
-        ConfigError: a bad shard count.
+        ConfigError: a bad shard count, or an unreadable ``collection.json``.
         IndexFormatError: not a sharded collection, or no shard has a version yet.
         IndexLockedError: a writer held the collection past ``lock_timeout_s``.
     """
@@ -137,7 +150,7 @@ def reshard(collection: Path | str, num_shards: int, lock_timeout_s: float = 300
         dirs = tuple(f"shard-{s:03d}-g{generation}" for s in range(num_shards))
         for name in dirs:  # leftovers of a re-sharding killed before it published
             shutil.rmtree(collection / name, ignore_errors=True)
-        options = _writer_options(manifest)
+        options = _writer_options(collection, manifest)
         writers = [IndexWriter(collection / name, manifest.encoder, manifest.weights, base=None, **options)
                    for name in dirs]
         moved = 0

@@ -32,6 +32,7 @@ from regis.sharding.layout import (
     CollectionState,
     collect_retired,
     create_collection,
+    new_shard_options,
     read_layout,
     read_state,
     shard_of,
@@ -51,15 +52,18 @@ class ShardedWriter:
         num_shards: S; must equal an existing collection's.
         encoder, weights: the encoder's config and weights info (checked against existing shards).
         **writer_kwargs: passed to each shard's ``IndexWriter`` (faiss_spec, nprobe, images_root, token_store,
-            depth, candidates, lock_timeout_s, keep_versions).
+            depth, candidates, lock_timeout_s, keep_versions). A shard with no version yet is written in the
+            collection's layout (``regis.sharding.layout.new_shard_options``: its shards' once one has a version,
+            else its ``collection.json``'s), but for a ``faiss_codec`` or ``token_store`` given here; a shard with
+            a version keeps its manifest's (``IndexWriter``), as an unsharded index does.
 
     Attributes:
         state: the collection's published state this transaction started from (``CollectionState``).
         version: the collection's version: ``state.version`` until ``commit``, then the one it published.
 
     Raises:
-        ConfigError: bad shard count (see ``create_collection``).
-        IndexFormatError: an unreadable ``shards.json``.
+        ConfigError: bad shard count (see ``create_collection``), or an unreadable ``collection.json``.
+        IndexFormatError: an unreadable ``shards.json``, or a listed shard version without its manifest.
         IndexMismatchError / IndexLockedError: as ``IndexWriter``, for any shard (IndexLockedError also for the
             collection's own lock).
     """
@@ -75,9 +79,12 @@ class ShardedWriter:
             layout = read_layout(self.collection)  # under the collection's lock: the last writer's record
             self.state = read_state(self.collection, layout)
             self._extra = collect_retired(self.collection, layout)  # re-sharding's old folders, once unread
+            first = {k: v for k, v in new_shard_options(self.collection, self.state).items()
+                     if writer_kwargs.get(k) is None}  # a shard's first version: the collection's layout
             for s in range(num_shards):
+                kwargs = writer_kwargs if self.state.names[s] is not None else {**writer_kwargs, **first}
                 self.writers.append(IndexWriter(self.state.shard_path(self.collection, s), encoder, weights,
-                                                base=self.state.names[s], **writer_kwargs))
+                                                base=self.state.names[s], **kwargs))
             if self.state.recorded:
                 self._point_currents(self.state.names)  # a writer killed after the record, before the hints
         except BaseException:
