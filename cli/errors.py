@@ -64,6 +64,11 @@ def describe(exc: BaseException) -> tuple[str, str | None, int]:
     if isinstance(exc, usage_classes):
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `regis` or `regis index` alone: a group without its command
+            command = ctx.command_path if ctx is not None else "regis"
+            where = "listed above" if not message.strip() else f"that `{command} --help` lists"  # rich printed it
+            return (f"no command given: {command} needs one of the commands {where}",
+                    f"see {command} COMMAND --help for one command's arguments", USAGE)
         hint = f"{ctx.command_path} --help" if ctx is not None else "regis --help"
         return _one_line(message), f"see {hint}", getattr(exc, "exit_code", USAGE) or USAGE
     if isinstance(exc, ValidationError):

@@ -51,6 +51,16 @@ def test_usage_errors_are_one_line_with_a_hint(cli, tmp_path):
     _one_error(cli("search", tmp_path, tmp_path / "missing.png"), 2, "missing.png")
 
 
+def test_a_group_without_its_command_shows_its_commands_and_says_what_is_missing(cli):
+    """`regis` alone printed the help and then an empty `error: ` line (the help was the error's message)."""
+    out = cli()
+    _one_error(out, 2, "no command given: regis needs one of the commands listed above", "regis COMMAND --help")
+    assert "search" in out.stdout and "index" in out.stdout  # the help, with the commands, on stdout
+    out = cli("index")
+    _one_error(out, 2, "no command given: regis index needs one of the commands", "regis index COMMAND --help")
+    assert "build" in out.stdout and "info" in out.stdout
+
+
 def test_debug_shows_the_traceback(cli, tmp_path):
     """Through the real entry point (``python -m regis``) once, and in-process with REGIS_DEBUG=1."""
     out = regis("--debug", "serve", "--index", tmp_path / "nosuch", check=False, env_extra=NO_INDEX_ENV)
