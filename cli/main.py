@@ -187,9 +187,11 @@ def search(
 
 def _open_engine(index_dir: Path, weights: Path | None, device: str, by_id: bool):
     """The query engine of one ``regis search`` and the name of its encoder ("onnx+numpy", "none" for a
-    search by id, or "torch"): the torch-free ``LightQueryEngine`` when it can serve (CPU, no
-    ``REGIS_QUERY_RUNTIME``, a bundle or no encoder needed), else ``QueryEngine`` with the encoder itself."""
-    if device == "cpu" and "REGIS_QUERY_RUNTIME" not in os.environ:
+    search by id, or "torch"): the torch-free ``LightQueryEngine`` when it can serve (CPU, no ``--weights``, no
+    ``REGIS_QUERY_RUNTIME``, a bundle or no encoder needed), else ``QueryEngine`` with the encoder itself. The
+    bundle is the index's own encoder: ``--weights`` takes the encoder path, which loads and checks them (a file
+    that does not exist, or weights other than the index's, is an error there, not silently ignored)."""
+    if device == "cpu" and weights is None and "REGIS_QUERY_RUNTIME" not in os.environ:
         from regis.retrieve.light import LightQueryEngine
 
         light = LightQueryEngine.open(index_dir, need_encoder=not by_id)

@@ -273,6 +273,17 @@ def test_cli_search_imports_neither_torch_nor_timm(regis_index, bundle_root, pho
     assert modules["torch"] is False and by_id["results"][0]["id"] == 7
 
 
+def test_cli_search_with_weights_loads_them_instead_of_the_bundle(regis_index, bundle_root, photos_dir, tmp_path,
+                                                                  cli):
+    """`regis search --weights X` used to be ignored whenever the index's bundle could answer: a file that does not
+    exist searched anyway, exit 0. The weights now take the encoder path, which loads and checks them."""
+    query = photos_dir / "skimage-coffee.png"
+    env = {"REGIS_QUERY_BUNDLES": str(bundle_root)}
+    assert "onnx+numpy encoder" in cli("search", regis_index, query, "-k", "1", env=env).stderr  # the bundle serves
+    out = cli("search", regis_index, query, "-k", "1", "--weights", tmp_path / "nope.safetensors", env=env)
+    assert out.returncode == 1 and "nope.safetensors does not exist" in out.stderr, out.stderr
+
+
 def test_a_bundle_that_does_not_match_or_cannot_be_read_is_not_used(regis_encoder, bundle_root, tmp_path):
     import shutil
 
