@@ -25,7 +25,7 @@ HEAD_RUN_FILE = "head.safetensors"  # what `regis train head` writes into its ru
 CONFIG_METADATA_KEY = "regis.encoder_config"
 OFFLINE_HINT = (
     "pass --weights PATH (a .safetensors or torch state dict, or a regis training run directory), "
-    "or use the offline backbone: --backbone efficientnet-lite0"
+    "or use the default offline backbone: --backbone efficientnet-lite0-regis (no --weights)"
 )
 
 
