@@ -1,7 +1,7 @@
 """How the ``regis`` command line reports an error: one line on stderr (plus, where it helps, one ``hint:`` line),
-exit status 2 for usage (what was typed is wrong: an unknown option, a bad value, a path that does not exist) and
-1 for failures (the work could not be done: an unreadable image, a corrupt index, weights that do not load, an
-empty folder). No traceback unless ``--debug`` or ``REGIS_DEBUG=1``.
+exit status 2 for usage (what was typed is wrong: an unknown option, a bad value, a query image or image folder
+that does not exist) and 1 for failures (the work could not be done: an unreadable image, a missing or corrupt
+index, weights that do not load, an empty folder). No traceback unless ``--debug`` or ``REGIS_DEBUG=1``.
 """
 
 from __future__ import annotations
