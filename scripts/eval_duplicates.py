@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from regis.data.near_duplicates import LabelledSet, build_labelled_set, labelled_pairs  # noqa: E402
 from regis.duplicates import relations as rel  # noqa: E402
-from regis.duplicates.config import DuplicateConfig, shipped_calibration  # noqa: E402
+from regis.duplicates.config import DuplicateConfig, parse_overrides, shipped_calibration  # noqa: E402
 from regis.duplicates.groups import group_pairs  # noqa: E402
 from regis.duplicates.store import PairTable  # noqa: E402
 
@@ -461,6 +461,9 @@ def main() -> None:
     p.add_argument("--calibrate", action="store_true", help="fit the thresholds on the calibration split")
     p.add_argument("--calibration-out", help="write the fitted thresholds here (JSON)")
     p.add_argument("--json", help="write every figure here")
+    p.add_argument("--run-set", action="append", metavar="NAME=VALUE",
+                   help="a setting of the finder's run (e.g. features=1000, verify_side=480), repeatable; the "
+                        "thresholds applied afterwards are the shipped (or calibrated) ones")
     args = p.parse_args()
 
     from regis.duplicates.finder import update_pairs
@@ -469,7 +472,9 @@ def main() -> None:
     labelled, splits, index = make_set(args)
     snapshot = IndexSnapshot.open(index)
     # template search on every pair with fewer inliers than the grid's highest min_inliers (then filtered)
-    run_cfg = DuplicateConfig(floor=RUN_FLOOR, neighbours=RUN_NEIGHBOURS, min_inliers=max(GRID["min_inliers"]))
+    # prefilter 0: every pair matched in full, its first match's count kept (stage 4c calibrates the prefilter)
+    run_cfg = DuplicateConfig(**{"floor": RUN_FLOOR, "neighbours": RUN_NEIGHBOURS, "prefilter": 0,
+                                 "min_inliers": max(GRID["min_inliers"]), **parse_overrides(args.run_set)})
     t = time.time()
     run = update_pairs(snapshot, run_cfg, threads=None)
     located_more = locate_prefiltered(snapshot, run, run_cfg)
@@ -493,7 +498,8 @@ def main() -> None:
         results[split]["verified_fraction"] = verified_fraction(ev.table, config, config.verify_floor)
         results[split]["located_fraction"] = located_fraction(ev.table, config, config.template_floor)
         results[split]["without"] = ablations(ev, config)
-    out = {"command": " ".join(sys.argv), "set": args.set, "seed": args.seed, "backbone": args.backbone,
+    out = {"command": " ".join(sys.argv), "run_config": run_cfg.model_dump(exclude={"calibration"}),
+           "set": args.set, "seed": args.seed, "backbone": args.backbone,
            "images": len(labelled.items), "run": {"candidate_pairs": len(table), "timings_ms": run.timings_ms,
                                                   "verification": run.stored.settings.get("verification"),
                                                   "template_added": run.stored.settings.get("template_added"),

@@ -260,7 +260,8 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                 t0 = time.perf_counter()
                 pre, v = int(pairs.pre[r]), None
                 if match and fa and fb:
-                    pre = prefilter(fa, fb)
+                    if config.prefilter is not None:  # without a prefilter every pair is matched in full: the
+                        pre = prefilter(fa, fb)       # first match would only be stored (-1: not run)
                     if config.prefilter is None or pre >= config.prefilter:
                         v = verify_pair(fa, fb)
                 t1 = time.perf_counter()

@@ -1,0 +1,160 @@
+"""Stronger gates before geometric verification, measured on the labelled set's stored evidence (issue 26, scale).
+
+Verification (ORB match, homography, template search) is about 95 % of a duplicates run, and the shipped gate
+(``verify_floor``: MaxSim per token in either direction) sends most candidate pairs to it. This script tries
+other gates on the evidence ``scripts/eval_duplicates.py`` stored (its run verifies every candidate pair and
+template-searches every pair with fewer than 20 inliers, so a gated run is simulated exactly: a pair outside the
+gate keeps only its token scores, as a run with that gate would leave it):
+
+- ``best_token``: the highest cosine between any token of one image and any token of the other (the self-join's
+  scoring computes every such cosine; first framing's tokens, as the join);
+- ``s_hi``: the shipped gate's score, max(S(a, b), S(b, a)) / T, for reference;
+- ``template_side``: the template search only for pairs whose smaller image's longest side is below a size
+  (ORB works at ``verify_side`` = 640 px; the template search exists for crops of small images, which ORB misses
+  once they are enlarged to that side).
+
+For each gate and threshold: the objective of the calibration (edited-copy recall + crop-direction accuracy,
+under its constraints, ``eval_duplicates._score``) on the calibration split, the share of candidate pairs
+verified (or template-searched), and the test split's figures at the threshold the calibration rule would pick
+(the highest within ``PLATEAU`` of the objective without the gate).
+
+Usage::
+
+    python -m bench.duplicates_gate --work /work/cache/dup-eval --json docs/results/duplicates/gates.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+BEST_TOKEN = [None, 0.60, 0.65, 0.70, 0.75, 0.78, 0.80, 0.82, 0.84, 0.86, 0.88, 0.90]
+S_HI = [None, 0.40, 0.45, 0.50, 0.55, 0.60]
+TEMPLATE_SIDE = [None, 1024, 800, 640, 480, 400, 320]
+
+
+def _eval_module():
+    spec = importlib.util.spec_from_file_location("eval_duplicates", ROOT / "scripts" / "eval_duplicates.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["eval_duplicates"] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def best_token(snapshot, a: np.ndarray, b: np.ndarray, tokens: int) -> np.ndarray:
+    """(p,) float32: max over token pairs of <a_i, b_j> for each pair (a[k], b[k]), the first ``tokens`` tokens
+    of each image (unit vectors: cosines)."""
+    ids = np.unique(np.concatenate([a, b]))
+    toks = snapshot.store.get(ids, tokens=tokens).astype(np.float32)
+    row = {int(i): k for k, i in enumerate(ids.tolist())}
+    out = np.empty(len(a), np.float32)
+    for k, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        out[k] = float((toks[row[x]] @ toks[row[y]].T).max())
+    return out
+
+
+def gated(ev, verify_mask: np.ndarray | None = None, locate_mask: np.ndarray | None = None):
+    """A copy of ``ev`` whose pairs outside ``verify_mask`` were never verified nor searched, and outside
+    ``locate_mask`` never searched by template (None: no change)."""
+    import copy
+
+    t = ev.table.take(np.ones(len(ev.table), dtype=bool))
+    if verify_mask is not None:
+        t.inliers = np.where(verify_mask, t.inliers, 0).astype(t.inliers.dtype)
+        t.matches = np.where(verify_mask, t.matches, 0).astype(t.matches.dtype)
+        t.located = t.located & verify_mask
+    if locate_mask is not None:
+        t.located = t.located & locate_mask
+    out = copy.copy(ev)
+    out.table = t
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/work/cache/dup-eval")
+    p.add_argument("--corpus", default="/work/cache/photos", help="the Debian corpus the set was built from")
+    p.add_argument("--json")
+    args = p.parse_args()
+
+    from regis.data.near_duplicates import LabelledSet
+    from regis.duplicates import store
+    from regis.duplicates.config import shipped_calibration
+    from regis.duplicates.finder import to_verify
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.models.registry import DEFAULT_BACKBONE
+
+    ev_mod = _eval_module()
+    cfg = shipped_calibration(DEFAULT_BACKBONE)
+    root = Path(args.work) / "debian-s0"
+    labelled = LabelledSet.load(root / "files")
+    snapshot = IndexSnapshot.open(root / "index")
+    stored = store.latest(snapshot.index_dir, snapshot.version)
+    if stored is None:
+        raise SystemExit(f"no stored pairs under {snapshot.index_dir}: run scripts/eval_duplicates.py first")
+    _, _, splits = ev_mod.debian_photos(Path(args.corpus), root)
+    enc = snapshot.manifest.encoder
+    tokens = enc.tokens_per_image // enc.framings
+    recs = snapshot.table.get_many(snapshot.store.live_ids.tolist())
+    long_side = {i: max(r.width, r.height) for i, r in recs.items()}
+
+    out = {"command": " ".join(["python -m bench.duplicates_gate", *sys.argv[1:]]), "tokens_per_pair_side": tokens,
+           "config": cfg.model_dump(exclude={"calibration"}), "splits": {}}
+    for split in ("calibration", "test"):
+        ev = ev_mod.evaluation(labelled, splits, snapshot, stored.table, split)
+        t = ev.table
+        feats = {"best_token": best_token(snapshot, t.a, t.b, tokens), "s_hi": np.maximum(t.s_ab, t.s_ba)}
+        small_side = np.minimum([long_side[int(x)] for x in t.a], [long_side[int(x)] for x in t.b])
+        cand = (np.maximum(t.s_ab, t.s_ba) >= cfg.floor) & ~t.exact
+        base_verify = np.zeros(len(t), dtype=bool)
+        base_verify[to_verify(t, cfg)] = True
+        base_verify &= cand
+        searched = base_verify & t.files & (t.inliers < cfg.min_inliers)
+        if cfg.template_floor is not None:
+            searched &= np.maximum(t.s_ab, t.s_ba) >= cfg.template_floor
+        res = {"candidates": int(cand.sum()), "shipped": {
+            "objective": ev_mod._score(ev, cfg, ev_mod.MIN_CROP_PRECISION),
+            "verified_share": float(base_verify.sum() / max(1, cand.sum())),
+            "searched_share": float(searched.sum() / max(1, cand.sum()))}}
+        for name, grid in (("best_token", BEST_TOKEN), ("s_hi", S_HI)):
+            rows = []
+            for thr in grid:
+                mask = np.ones(len(t), dtype=bool) if thr is None else feats[name] >= thr
+                g = gated(ev, verify_mask=mask)
+                m = ev_mod.pair_metrics(g, *ev_mod.rel.classify(g.table, cfg), cfg)
+                rows.append({"threshold": thr, "objective": ev_mod._score(g, cfg, ev_mod.MIN_CROP_PRECISION),
+                             "verified_share": float((base_verify & mask).sum() / max(1, cand.sum())),
+                             "searched_share": float((searched & mask).sum() / max(1, cand.sum())),
+                             "edited_recall": m["edited"]["recall"], "edited_precision": m["edited"]["precision"],
+                             "crop_direction": m["crops"]["direction_right_of_all"],
+                             "crop_precision": m["crops"]["precision"],
+                             "scene_called_duplicates": m["scene"]["called_duplicates"]})
+            res[name] = rows
+        rows = []
+        for side in TEMPLATE_SIDE:
+            mask = np.ones(len(t), dtype=bool) if side is None else small_side < side
+            g = gated(ev, locate_mask=mask)
+            m = ev_mod.pair_metrics(g, *ev_mod.rel.classify(g.table, cfg), cfg)
+            rows.append({"max_side": side, "objective": ev_mod._score(g, cfg, ev_mod.MIN_CROP_PRECISION),
+                         "searched_share": float((searched & mask).sum() / max(1, cand.sum())),
+                         "crop_direction": m["crops"]["direction_right_of_all"],
+                         "crop_precision": m["crops"]["precision"]})
+        res["template_side"] = rows
+        res["small_side_px_quartiles"] = np.percentile(small_side[cand], [25, 50, 75]).tolist()
+        out["splits"][split] = res
+        print(f"[{split}] shipped {res['shipped']}", file=sys.stderr)
+        for name in ("best_token", "s_hi", "template_side"):
+            for r in res[name]:
+                print(f"  {name} {json.dumps(r, default=float)}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
+
+
+if __name__ == "__main__":
+    main()
