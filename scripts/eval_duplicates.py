@@ -136,6 +136,18 @@ class Evaluation:
     by_id: dict  # image id -> Item
     pair_labels: dict  # (id a, id b) -> (label, container id)
     global_tokens: np.ndarray  # (n, D) the global token of every image of the split (rows of ``images``)
+    small_side: np.ndarray  # (p,) the longest side (px) of the smaller image of each candidate pair
+
+
+def as_run(ev: Evaluation, cfg: DuplicateConfig) -> Evaluation:
+    """``ev`` as a run with ``cfg`` would have left it: the stored run searched every pair by template, a run with
+    ``template_max_side`` only the pairs whose smaller image is below it (``finder.template_sized``)."""
+    if cfg.template_max_side is None:
+        return ev
+    t = ev.table.take(np.ones(len(ev.table), dtype=bool))
+    t.located = t.located & (ev.small_side < cfg.template_max_side)
+    return Evaluation(t, ev.label, ev.small_is_a, ev.counts, ev.images, ev.by_id, ev.pair_labels, ev.global_tokens,
+                      ev.small_side)
 
 
 def evaluation(labelled: LabelledSet, splits: dict[str, str], snapshot, table: PairTable, split: str) -> Evaluation:
@@ -162,7 +174,9 @@ def evaluation(labelled: LabelledSet, splits: dict[str, str], snapshot, table: P
     for lab, _ in pairs.values():
         counts[lab] += 1
     glob = snapshot.store.get(images)[:, 0].astype(np.float32)
-    return Evaluation(sub, label, small_is_a, counts, images, by_id, pairs, glob)
+    side = {i: max(r.width, r.height) for i, r in recs.items()}
+    small_side = np.array([min(side[int(a)], side[int(b)]) for a, b in zip(sub.a, sub.b, strict=True)], np.int64)
+    return Evaluation(sub, label, small_is_a, counts, images, by_id, pairs, glob, small_side)
 
 
 def pair_metrics(ev: Evaluation, relation: np.ndarray, container: np.ndarray, cfg: DuplicateConfig) -> dict:
@@ -255,6 +269,7 @@ def global_baseline(ev: Evaluation, recall: float) -> dict:
 
 def measure(ev: Evaluation, config: DuplicateConfig) -> dict:
     """Every figure of one split under ``config``."""
+    ev = as_run(ev, config)
     relation, container = rel.classify(ev.table, config)
     out = pair_metrics(ev, relation, container, config)
     out["groups"] = group_metrics(ev, config)
@@ -292,6 +307,8 @@ TEMPLATE_GRID = {
     "template_max_area": [0.75, 0.85, 0.95],
 }
 TEMPLATE_FLOORS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70]
+# stage 4b: the template search's size gate (template_max_side, px), the smallest within VERIFY_GATE_LOSS
+TEMPLATE_SIDES = [1024, 800, 640, 480, 400, 320]
 # stage 4c: the cheap first match before the full one (geometry.prefilter), the highest within VERIFY_GATE_LOSS
 PREFILTERS = [5, 8, 10, 12, 15, 20, 25, 30]
 PLATEAU = 0.002  # settings within this of the best objective form its plateau
@@ -299,6 +316,7 @@ PLATEAU = 0.002  # settings within this of the best objective form its plateau
 
 def _score(ev: Evaluation, cfg: DuplicateConfig, min_crop_precision: float = 0.0) -> float | None:
     """The objective (edited-copy recall + crop-direction accuracy), None when a constraint fails."""
+    ev = as_run(ev, cfg)
     relation, container = rel.classify(ev.table, cfg)
     m = pair_metrics(ev, relation, container, cfg)
     ok = (m["edited"]["precision"] >= 1 - MAX_PRECISION_LOSS
@@ -332,8 +350,9 @@ def _search(ev: Evaluation, base: DuplicateConfig, grid: dict, min_crop_precisio
 
 def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, dict]:
     """Five stages on one split: ``GRID`` (geometry and floors), ``TOKEN_GRID`` (token rules, the rest fixed),
-    the verification gate, ``TEMPLATE_GRID`` (the template search's crop rule) and its gate, then the verification
-    ceiling (lossless); returns the chosen config and each stage's facts."""
+    the verification gate, ``TEMPLATE_GRID`` (the template search's crop rule), its gate and its size gate
+    (``TEMPLATE_SIDES``), the prefilter, then the verification ceiling (lossless); returns the chosen config and
+    each stage's facts."""
     chosen1, facts1 = _search(ev, base, GRID)
     cfg = base.model_copy(update=chosen1)
     chosen2, facts2 = _search(ev, cfg, TOKEN_GRID)
@@ -357,6 +376,15 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
         if got is not None and ref4 is not None and got >= ref4 - VERIFY_GATE_LOSS:
             t_gate = v
     cfg = cfg.model_copy(update={"template_floor": t_gate})
+    ref_side = _score(ev, cfg, MIN_CROP_PRECISION)
+    side_gate, side_tried = None, {}
+    for v in TEMPLATE_SIDES:  # the smallest size gate whose objective stays within VERIFY_GATE_LOSS
+        got = _score(ev, cfg.model_copy(update={"template_max_side": v}), MIN_CROP_PRECISION)
+        side_tried[str(v)] = {"objective": got, "located_fraction": located_fraction(
+            ev.table, cfg, cfg.template_floor, ev.small_side < v)}
+        if got is not None and ref_side is not None and got >= ref_side - VERIFY_GATE_LOSS:
+            side_gate = v
+    cfg = cfg.model_copy(update={"template_max_side": side_gate})
     ref_pre = _score(ev, cfg, MIN_CROP_PRECISION)
     pre_gate, pre_tried = None, {}
     for v in PREFILTERS:
@@ -380,6 +408,8 @@ def calibrate(ev: Evaluation, base: DuplicateConfig) -> tuple[DuplicateConfig, d
                  "template": facts4,
                  "template_floor": {"objective_without": ref4, "tried": t_tried, "chosen": t_gate,
                                     "max_loss": VERIFY_GATE_LOSS},
+                 "template_max_side": {"objective_without": ref_side, "tried": side_tried, "chosen": side_gate,
+                                       "max_loss": VERIFY_GATE_LOSS},
                  "prefilter": {"objective_without": ref_pre, "tried": pre_tried, "chosen": pre_gate,
                                "max_loss": VERIFY_GATE_LOSS}}
 
@@ -395,7 +425,8 @@ def to_verify_rows(table: PairTable, cfg: DuplicateConfig) -> np.ndarray:
 ABLATIONS = {"verify_floor": {"verify_floor": None}, "token_edited_verified": {"token_edited_verified": None},
              "both": {"verify_floor": None, "token_edited_verified": None},
              "template": {"template_ncc": None}, "template_floor": {"template_floor": None},
-             "verify_ceiling": {"verify_ceiling": None}, "prefilter": {"prefilter": None}}
+             "verify_ceiling": {"verify_ceiling": None}, "prefilter": {"prefilter": None},
+             "template_max_side": {"template_max_side": None}}
 
 
 def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
@@ -403,8 +434,9 @@ def ablations(ev: Evaluation, config: DuplicateConfig) -> dict:
     out = {}
     for name, off in ABLATIONS.items():
         cfg = config.model_copy(update=off)
-        relation, container = rel.classify(ev.table, cfg)
-        m = pair_metrics(ev, relation, container, cfg)
+        run = as_run(ev, cfg)
+        relation, container = rel.classify(run.table, cfg)
+        m = pair_metrics(run, relation, container, cfg)
         out[name] = {"edited_true": m["edited"]["true"], "edited_false": m["edited"]["false"],
                      "edited_recall": m["edited"]["recall"], "crops_right": m["crops"]["direction_right"],
                      "crops_right_of_all": m["crops"]["direction_right_of_all"],
@@ -421,14 +453,18 @@ def verified_fraction(table: PairTable, cfg: DuplicateConfig, verify_floor: floa
     return float((cand & (s_hi >= gate) & below).sum() / max(1, cand.sum()))
 
 
-def located_fraction(table: PairTable, cfg: DuplicateConfig, template_floor: float | None) -> float:
+def located_fraction(table: PairTable, cfg: DuplicateConfig, template_floor: float | None,
+                     sized: np.ndarray | None = None) -> float:
     """The fraction of candidate pairs (at or above ``cfg.floor``, not exact) a run would search by template with
-    this gate (verified-gated, fewer than ``min_inliers`` inliers, file readable)."""
+    this gate (verified-gated, fewer than ``min_inliers`` inliers, file readable; only ``sized`` pairs when
+    given: ``template_max_side``)."""
     s_hi = np.maximum(table.s_ab, table.s_ba)
     cand = (s_hi >= cfg.floor) & ~table.exact
     gate = max(-2.0 if cfg.verify_floor is None else cfg.verify_floor,
                -2.0 if template_floor is None else template_floor)
     want = cand & (s_hi >= gate) & table.files & (table.inliers < cfg.min_inliers)
+    if sized is not None:
+        want &= sized
     return float(want.sum() / max(1, cand.sum()))
 
 
@@ -496,7 +532,9 @@ def main() -> None:
     results = {s: measure(ev, config) for s, ev in evals.items()}
     for split, ev in evals.items():
         results[split]["verified_fraction"] = verified_fraction(ev.table, config, config.verify_floor)
-        results[split]["located_fraction"] = located_fraction(ev.table, config, config.template_floor)
+        results[split]["located_fraction"] = located_fraction(
+            ev.table, config, config.template_floor,
+            None if config.template_max_side is None else ev.small_side < config.template_max_side)
         results[split]["without"] = ablations(ev, config)
     out = {"command": " ".join(sys.argv), "run_config": run_cfg.model_dump(exclude={"calibration"}),
            "set": args.set, "seed": args.seed, "backbone": args.backbone,

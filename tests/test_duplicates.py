@@ -480,9 +480,30 @@ def test_pairs_stored_before_the_template_search_load_unsearched_and_are_selecte
     np.savez(path, searched=np.arange(4), sha256=np.array([b"x"] * 4, "S64"), settings=np.array("{}"), **arrays)
     got = store.load(tmp_path, 4).table
     assert not got.located.any() and got.box.shape == (3, 4)
+    from types import SimpleNamespace
+
     cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4)
-    assert finder.to_locate(got, cfg).tolist() == [0]
-    assert finder.to_locate(got, cfg.with_overrides({"template": False})).tolist() == []
+    records = {i: SimpleNamespace(width=320, height=240) for i in range(4)}
+    assert finder.to_locate(got, cfg, records).tolist() == [0]
+    assert finder.to_locate(got, cfg.with_overrides({"template": False}), records).tolist() == []
+
+
+def test_the_template_search_is_gated_by_the_smaller_images_size():
+    """``template_max_side``: only pairs whose smaller image (by its longest side) is below it are searched by
+    template; the size of the larger image and an image's orientation do not matter."""
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder
+
+    t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6, files=True),   # 2000 x 1500 and 300 x 400: searched
+                dict(a=0, b=2, s_ab=0.6, s_ba=0.6, files=True),   # 2000 x 1500 and 480 x 640 (portrait): not
+                dict(a=2, b=3, s_ab=0.6, s_ba=0.6, files=True)])  # 480 x 640 and 639 x 100: searched
+    records = {0: SimpleNamespace(width=2000, height=1500), 1: SimpleNamespace(width=300, height=400),
+               2: SimpleNamespace(width=480, height=640), 3: SimpleNamespace(width=639, height=100)}
+    cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4, template_max_side=640)
+    assert finder.template_sized(t, records, cfg).tolist() == [True, False, True]
+    assert finder.to_locate(t, cfg, records).tolist() == [0, 2]
+    assert finder.to_locate(t, cfg.with_overrides({"template_max_side": None}), records).tolist() == [0, 1, 2]
 
 
 def _small_photo_and_crop(photos_dir, name: str, box: tuple[float, float, float, float], scale: float):

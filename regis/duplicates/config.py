@@ -67,6 +67,10 @@ class DuplicateConfig(BaseModel):
         template: run it (a pair table stored without it is searched on the next run).
         template_floor: ... only on pairs whose MaxSim per token reaches this in either direction (None: every
             pair verification left unverified; the calibration picks it, as ``verify_floor``).
+        template_max_side: ... and only on pairs whose smaller image's longest side (pixels, as indexed) is
+            below this (None: every size; the calibration picks it). ORB verifies images of ``verify_side`` and
+            more at their own resolution; the template search exists for the crops of small images that ORB
+            misses once they are enlarged to ``verify_side``. Pairs a run searched beyond it stay searched.
         template_ncc: a crop when the better direction's normalised cross correlation is at least this ...
         template_margin: ... and at least this above the other direction's (the container is not found in the
             crop) ...
@@ -101,6 +105,7 @@ class DuplicateConfig(BaseModel):
     token_edited_verified: float | None = Field(None, ge=-1.0, le=1.0)
     template: bool = True
     template_floor: float | None = Field(None, ge=-1.0, le=1.0)
+    template_max_side: int | None = Field(None, ge=1, le=1_000_000)
     template_ncc: float | None = Field(None, ge=-1.0, le=1.0)
     template_margin: float = Field(0.1, ge=0.0, le=2.0)
     template_max_area: float = Field(0.85, ge=0.0, le=1.0)

@@ -225,15 +225,28 @@ def locality_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.lexsort((hi, lo)).astype(np.int64)
 
 
-def to_locate(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
+def template_sized(pairs: PairTable, records: dict[int, ImageRecord], config: DuplicateConfig) -> np.ndarray:
+    """(p,) bool: the pairs whose smaller image, by its longest side in pixels (as indexed), is below
+    ``config.template_max_side`` (every pair when it is None; an image without a record counts as 0 px)."""
+    if config.template_max_side is None:
+        return np.ones(len(pairs), dtype=bool)
+    ids = np.unique(np.concatenate([pairs.a, pairs.b])) if len(pairs) else np.zeros(0, np.int64)
+    side = {i: max(records[i].width, records[i].height) if i in records else 0 for i in ids.tolist()}
+    small = np.minimum([side[int(i)] for i in pairs.a], [side[int(i)] for i in pairs.b])
+    return small < config.template_max_side
+
+
+def to_locate(pairs: PairTable, config: DuplicateConfig, records: dict[int, ImageRecord]) -> np.ndarray:
     """Rows of an already verified table that still need the template search: searched by a run, files
-    readable, gated like ``to_verify``, not verified (fewer than ``min_inliers`` inliers), never searched."""
+    readable, gated like ``to_verify`` and by ``template_sized``, not verified (fewer than ``min_inliers``
+    inliers), never searched."""
     if not (config.verify and config.template):
         return np.zeros(0, dtype=np.int64)
     want = np.zeros(len(pairs), dtype=bool)
     want[to_verify(pairs, config)] = True
     if config.template_floor is not None:
         want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.template_floor
+    want &= template_sized(pairs, records, config)
     return np.flatnonzero(want & pairs.files & ~pairs.located & (pairs.inliers < config.min_inliers))
 
 
@@ -246,6 +259,7 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
     {"pairs_verified", "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}."""
     rows_all = to_verify(pairs, config) if rows_all is None else rows_all
     order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
+    sized = template_sized(pairs, records, config)
     feats = _Features(records, resolve, config)
     spent = {"match": 0.0, "locate": 0.0}
     located = 0
@@ -266,7 +280,7 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                         v = verify_pair(fa, fb)
                 t1 = time.perf_counter()
                 loc = None
-                if (config.template and fa and fb and fa.thumb is not None and fb.thumb is not None
+                if (config.template and sized[r] and fa and fb and fa.thumb is not None and fb.thumb is not None
                         and (config.template_floor is None
                              or max(pairs.s_ab[r], pairs.s_ba[r]) >= config.template_floor)
                         and (not match or v is None or v.inliers < config.min_inliers)):
@@ -325,10 +339,11 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
     with store.run_lock(snapshot.index_dir):
         prev = _reusable(snapshot, config, full)
         if prev is not None and prev.version == snapshot.version:
-            missing = to_locate(prev.table, config)
+            records = _live(snapshot)[2]
+            missing = to_locate(prev.table, config, records)
             if len(missing) == 0:
                 return DuplicateRun.of(prev)
-            records = _live(snapshot)[2]  # pairs stored before the template search: search them, store again
+            # pairs stored before the template search (or outside a former call's gates): search them, store again
             got = _verify(prev.table, records, resolve, config, workers, progress, missing, match=False)
             prev.settings["template_added"] = got
             store.save(snapshot.index_dir, prev)
@@ -342,7 +357,7 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
             query = ids[~kept]
         else:
             old, query = PairTable.empty(), ids
-        missing = to_locate(old, config)
+        missing = to_locate(old, config, records)
         if len(missing):  # kept pairs stored before the template search
             _verify(old, records, resolve, config, workers, progress, missing, match=False)
         t1 = time.perf_counter()

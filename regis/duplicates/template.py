@@ -73,13 +73,23 @@ def _peak(cv2, small: np.ndarray, big: np.ndarray, f: float, min_side: int) -> t
     return float(peak), np.array([x / W, y / H, (x + wt) / W, (y + ht) / H], np.float32)
 
 
-def _coarse(cv2, small: np.ndarray, big: np.ndarray) -> list[tuple[float, float, np.ndarray]]:
-    """(peak, scale, window) of every scale of ``small`` in ``big`` at half size (``search``'s first pass), best
-    first."""
+def _coarse(cv2, small: np.ndarray, big: np.ndarray, steps: int = STEPS) -> list[tuple[float, float, np.ndarray]]:
+    """(peak, scale, window) of ``steps`` scales of ``small`` in ``big`` at half size (``search``'s first pass),
+    best first."""
     half = cv2.resize(big, (max(1, big.shape[1] // 2), max(1, big.shape[0] // 2)), interpolation=cv2.INTER_AREA)
-    got = [(p[0], f, p[1]) for f in np.geomspace(MIN_FRACTION, 1.0, STEPS)
+    got = [(p[0], f, p[1]) for f in np.geomspace(MIN_FRACTION, 1.0, steps)
            if (p := _peak(cv2, small, half, f, MIN_TEMPLATE // 2)) is not None]
     return sorted(got, key=lambda x: (x[0], x[1]), reverse=True)
+
+
+def _refine_scales(coarse: list, steps: int, spread: bool) -> list[float]:
+    """The scales searched at full size: the ``REFINE`` best of the coarse pass, each with the scales half a
+    coarse step either side when ``spread`` (at most 1: the template fills the container)."""
+    best = [f for _, f, _ in coarse[:REFINE]]
+    if not spread:
+        return best
+    half_step = (1.0 / MIN_FRACTION) ** (0.5 / (steps - 1))
+    return sorted({min(1.0, x) for f in best for x in (f / half_step, f, f * half_step)})
 
 
 def _refine(cv2, small: np.ndarray, big: np.ndarray, scales) -> tuple[float, np.ndarray]:
@@ -109,7 +119,8 @@ def search(small: np.ndarray, big: np.ndarray, coarse: bool = True) -> tuple[flo
     return _refine(cv2, small, big, [f for _, f, _ in _coarse(cv2, small, big)[:REFINE]])
 
 
-def locate(a: np.ndarray, b: np.ndarray, refine_from: float | None = None) -> Located:
+def locate(a: np.ndarray, b: np.ndarray, refine_from: float | None = None, steps: int = STEPS,
+           spread: bool = False) -> Located:
     """Template search both ways (module docstring).
 
     Args:
@@ -118,6 +129,8 @@ def locate(a: np.ndarray, b: np.ndarray, refine_from: float | None = None) -> Lo
             size: its coarse peak is reported, with its window (None: both refined). Most candidate pairs are
             unrelated photos whose coarse peaks stay below a crop threshold; the finder passes ``template_ncc`` -
             ``REFINE_BELOW_RULE``.
+        steps: scales of the half-size pass (geometric from ``MIN_FRACTION`` to 1).
+        spread: also search, at full size, half a coarse step either side of each refined scale.
 
     Returns:
         ``Located``: both directions' best NCC and the better one's window.
@@ -127,12 +140,12 @@ def locate(a: np.ndarray, b: np.ndarray, refine_from: float | None = None) -> Lo
     cv2.setNumThreads(1)
     found = []
     for small, big in ((a, b), (b, a)):
-        got = _coarse(cv2, small, big)
+        got = _coarse(cv2, small, big, steps)
         if not got:
             found.append((-1.0, np.zeros(4, np.float32)))
         elif refine_from is not None and got[0][0] < refine_from:
             found.append((got[0][0], got[0][2]))
         else:
-            found.append(_refine(cv2, small, big, [f for _, f, _ in got[:REFINE]]))
+            found.append(_refine(cv2, small, big, _refine_scales(got, steps, spread)))
     (ab, box_ab), (ba, box_ba) = found
     return Located(ab, ba, box_ab if ab >= ba else box_ba)
