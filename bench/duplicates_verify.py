@@ -5,10 +5,10 @@ of the pairs the shipped gates verify (``finder.to_verify``) a random sample (se
 each stage timed in CPU seconds of this process (``time.process_time``): feature extraction (decode, reduce to
 ``verify_side``, ORB, the template thumbnail; once per image), the cheap first match (``geometry.prefilter``), the
 full descriptor match (``geometry.nearest_two``), the homography and covers (the rest of ``verify_pair``), and
-the template search (``template.locate``) on the pairs the geometry leaves under ``min_inliers``, as the finder
-does. Also counted: how many pairs end at each step (too few matches for a homography, no sane homography, fewer
-inliers than ``min_inliers``, verified), by the set's label, and the image sizes of the pairs the template search
-finds a crop in.
+the template search (``template.locate``) on the pairs the geometry leaves under ``min_inliers`` (and inside
+``template_floor`` and ``template_max_side``), as the finder does. Also counted: how many pairs end at each step
+(too few matches for a homography, no sane homography, fewer inliers than ``min_inliers``, verified), by the
+set's label, and the image sizes of the pairs the template search finds a crop in.
 
 Usage::
 
@@ -34,7 +34,7 @@ def _timed(fn, *args, **kwargs):
     return out, time.process_time() - t0
 
 
-def profile_pair(fa, fb, cfg, s_hi: float) -> dict:
+def profile_pair(fa, fb, cfg, s_hi: float, small_side: int) -> dict:
     """One pair through the finder's steps (``finder._verify``'s ``one``), each step's CPU seconds and its end."""
     from regis.duplicates import geometry as g
     from regis.duplicates.template import locate
@@ -56,7 +56,8 @@ def profile_pair(fa, fb, cfg, s_hi: float) -> dict:
         row["inliers"] = v.inliers
         row["end"] = "verified" if v.inliers >= cfg.min_inliers else "few_inliers"
     if row["end"] != "verified" and fa.thumb is not None and fb.thumb is not None and (
-            cfg.template_floor is None or s_hi >= cfg.template_floor):
+            cfg.template_floor is None or s_hi >= cfg.template_floor) and (
+            cfg.template_max_side is None or small_side < cfg.template_max_side):
         loc, row["template_s"] = _timed(locate, fa.thumb, fb.thumb)
         row["ncc"] = max(loc.ncc_ab, loc.ncc_ba)
     return row
@@ -106,7 +107,7 @@ def main() -> None:
         row = {"label": label, "s_hi": float(max(t.s_ab[r], t.s_ba[r])),
                "min_side": min(ra.width, ra.height, rb.width, rb.height),
                "small_long_side": min(max(ra.width, ra.height), max(rb.width, rb.height))}
-        row.update(profile_pair(feats[ra.path], feats[rb.path], cfg, row["s_hi"]))
+        row.update(profile_pair(feats[ra.path], feats[rb.path], cfg, row["s_hi"], row["small_long_side"]))
         out_rows.append(row)
 
     n = len(out_rows)
