@@ -174,7 +174,7 @@ def _embed_chunk(jobs: list[dict], encoder: RegisEncoder, settings: RaySettings,
                         num_cpus=decode_cpus,
                         fn_kwargs={"config_json": config_json, "max_pixels": max_pixels, "draft": draft})
     ds = ds.map_batches(Encode, batch_size=settings.build_batch_size, batch_format="numpy",
-                        concurrency=settings.build_encoder_actors,
+                        compute=ray.data.ActorPoolStrategy(size=settings.build_encoder_actors),
                         num_cpus=0 if gpu else encoder_cpus,
                         num_gpus=settings.encoder_num_gpus if gpu else None,
                         fn_constructor_kwargs={"config_json": config_json,

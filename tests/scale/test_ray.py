@@ -12,7 +12,9 @@ when Ray is not installed (``pip install 'regis[ray]'``; ``make test`` installs 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -83,6 +85,20 @@ def ray_cluster(tmp_path_factory):
         cluster.stop()
 
 
+@contextlib.contextmanager
+def _logged(name: str):
+    """The messages logged through logger ``name`` (and its children) inside the block."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
 def _rows(index_dir, shards: int | None = None) -> dict[str, tuple[dict, np.ndarray]]:
     """path -> (table row with the global id, (T, D) float16 tokens) of an index or a collection."""
     out = {}
@@ -108,11 +124,16 @@ def _assert_same_build(collection, single_index):
 
 @pytest.fixture(scope="module")
 def ray_collection(ray_cluster, tmp_path_factory, images, tiny_encoder):
+    import ray.data  # noqa: F401  (configures Ray Data's loggers first, which would drop a handler added before)
+
     from cluster.build import build_ray
 
     collection = tmp_path_factory.mktemp("ray") / "collection"
-    report = build_ray(images, collection, tiny_encoder, SHARDS,
-                       RaySettings(**{**SETTINGS, "build_checkpoint_images": 1000}))
+    with _logged("ray.data") as messages:
+        report = build_ray(images, collection, tiny_encoder, SHARDS,
+                           RaySettings(**{**SETTINGS, "build_checkpoint_images": 1000}))
+    # the encoder pool is given as compute=ActorPoolStrategy, not the deprecated concurrency= (Ray >= 2.51)
+    assert not [m for m in messages if "deprecated" in m], messages
     assert report.added == PHOTOS and report.checkpoints == 1 and not report.skipped
     # Ray Data's usage collection is off (RAY_USAGE_STATS_ENABLED=0): no endless Prometheus poller is left behind
     assert "data-usage-metrics-poller" not in [t.name for t in threading.enumerate()]
