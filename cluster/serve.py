@@ -481,6 +481,20 @@ def http_options(service: Settings, settings: RaySettings) -> dict:
             "keep_alive_timeout_s": math.ceil(service.keep_alive_s)}
 
 
+class _ServeStartedHere(logging.Filter):
+    """Drops Ray Serve's "Connecting to existing Serve app in namespace "serve". New
+    http_options/controller_options will not be applied." while ``serve.run_many`` deploys right after ``start``'s
+    own ``serve.start``: ``run_many`` always calls Ray's internal ``serve_start`` again, without options
+    (ray/serve/api.py ``_run_many``, Ray 2.60), which logs this line whenever a controller exists, and it does,
+    since ``serve.start`` has just created it with the options. Nothing is ignored then. Ray Serve has no public way
+    to give ``run_many`` the HTTP options, and calling it first would start Serve with its defaults (port 8000,
+    proxies on every node) and make ``serve.start`` the call whose options are ignored. A Serve instance that was
+    already running before ``start`` is still reported: by ``serve.start``, outside this filter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "will not be applied" not in record.getMessage()
+
+
 def start(collection: Path | str, service: Settings, settings: RaySettings, weights: str | None = None,
           say=None) -> str:
     """Deploy the application on the Ray cluster this process is connected to (else ``ray.init`` with
@@ -520,9 +534,14 @@ def start(collection: Path | str, service: Settings, settings: RaySettings, weig
         + ("" if sizing.fits else " (more than the cluster has free: waiting for resources)"))
     serve.start(proxy_location=settings.proxy_location, http_options=http_options(service, settings),
                 logging_config={"enable_access_log": settings.access_log})
-    serve.run_many([serve.RunTarget(build_app(collection, service, settings, weights), name=settings.app_name,
-                                    route_prefix="/")],
-                   wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    serve_log, quiet = logging.getLogger("ray.serve"), _ServeStartedHere()  # Ray Serve's SERVE_LOGGER_NAME
+    serve_log.addFilter(quiet)
+    try:
+        serve.run_many([serve.RunTarget(build_app(collection, service, settings, weights), name=settings.app_name,
+                                        route_prefix="/")],
+                       wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    finally:
+        serve_log.removeFilter(quiet)
     wait_until_running(settings.app_name, sizing.cpus, settings.start_timeout_s, say=say)
     return f"http://{settings.http_host}:{settings.http_port}"
 

@@ -201,7 +201,11 @@ def ray_app(ray_served, images, tmp_path_factory):
                            encoder_placement="deployment")
     service = Settings(index_dir=ray_served, index_poll_s=0.5, enable_jobs=True, images_root=images,
                        uploads_dir=tmp_path_factory.mktemp("ray-uploads"))
-    url = start(ray_served, service, settings)
+    with _logged("ray.serve") as messages:
+        url = start(ray_served, service, settings)
+    # Serve started here, with these options: no "... New http_options/controller_options will not be applied."
+    assert any("Started Serve" in m for m in messages), messages
+    assert not [m for m in messages if "will not be applied" in m], messages
     try:
         deadline = time.monotonic() + 300
         while httpx.get(url + "/readyz", timeout=30).status_code != 200:
