@@ -26,25 +26,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
 BEST_TOKEN = [None, 0.60, 0.65, 0.70, 0.75, 0.78, 0.80, 0.82, 0.84, 0.86, 0.88, 0.90]
 S_HI = [None, 0.40, 0.45, 0.50, 0.55, 0.60]
 TEMPLATE_SIDE = [None, 1024, 800, 640, 480, 400, 320]
-
-
-def _eval_module():
-    spec = importlib.util.spec_from_file_location("eval_duplicates", ROOT / "scripts" / "eval_duplicates.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["eval_duplicates"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def best_token(snapshot, a: np.ndarray, b: np.ndarray, tokens: int) -> np.ndarray:
@@ -83,22 +73,12 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
 
-    from regis.data.near_duplicates import LabelledSet
-    from regis.duplicates import store
-    from regis.duplicates.config import shipped_calibration
+    from bench.duplicates_labelled import stored_run
     from regis.duplicates.finder import to_verify
-    from regis.indexes.snapshot import IndexSnapshot
-    from regis.models.registry import DEFAULT_BACKBONE
 
-    ev_mod = _eval_module()
-    cfg = shipped_calibration(DEFAULT_BACKBONE)
-    root = Path(args.work) / "debian-s0"
-    labelled = LabelledSet.load(root / "files")
-    snapshot = IndexSnapshot.open(root / "index")
-    stored = store.latest(snapshot.index_dir, snapshot.version)
-    if stored is None:
-        raise SystemExit(f"no stored pairs under {snapshot.index_dir}: run scripts/eval_duplicates.py first")
-    _, _, splits = ev_mod.debian_photos(Path(args.corpus), root)
+    run = stored_run(args.work, args.corpus)
+    ev_mod, cfg, labelled, snapshot, stored, splits = (run.ev_mod, run.cfg, run.labelled, run.snapshot, run.stored,
+                                                        run.splits)
     enc = snapshot.manifest.encoder
     tokens = enc.tokens_per_image // enc.framings
     recs = snapshot.table.get_many(snapshot.store.live_ids.tolist())

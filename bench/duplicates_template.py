@@ -34,25 +34,14 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
 
-    from regis.data.near_duplicates import LabelledSet, labelled_pairs
-    from regis.duplicates.config import shipped_calibration
+    from bench.duplicates_labelled import shipped_candidates
+    from regis.data.near_duplicates import labelled_pairs
     from regis.duplicates.finder import to_verify
     from regis.duplicates.geometry import load_gray
-    from regis.duplicates.selfjoin import self_join
-    from regis.duplicates.store import PairTable
     from regis.duplicates.template import locate, thumbnail
-    from regis.indexes.snapshot import IndexSnapshot
-    from regis.models.registry import DEFAULT_BACKBONE
 
-    cfg = shipped_calibration(DEFAULT_BACKBONE)
-    root = Path(args.work) / "debian-s0"
-    labelled = LabelledSet.load(root / "files")
+    cfg, root, labelled, snap, recs, t = shipped_candidates(args.work)
     labels = labelled_pairs(labelled.items)
-    snap = IndexSnapshot.open(root / "index")
-    recs = snap.table.get_many(snap.store.live_ids.tolist())
-    cand = self_join(snap, floor=cfg.floor, neighbours=cfg.neighbours, depth=cfg.depth)
-    t = PairTable.empty(len(cand))
-    t.a, t.b, t.s_ab, t.s_ba = cand.a, cand.b, cand.s_ab, cand.s_ba
     rows = to_verify(t, cfg)
     rng = np.random.default_rng(0)
     rows = rng.choice(rows, size=min(args.sample, len(rows)), replace=False)

@@ -46,25 +46,14 @@ def main() -> None:
     import cv2
 
     from bench.common import machine_info
-    from bench.duplicates_gate import _eval_module
-    from regis.data.near_duplicates import LabelledSet
-    from regis.duplicates import store
-    from regis.duplicates.config import shipped_calibration
+    from bench.duplicates_labelled import stored_run
     from regis.duplicates.geometry import load_gray
     from regis.duplicates.template import STEPS, locate, thumbnail
-    from regis.indexes.snapshot import IndexSnapshot
-    from regis.models.registry import DEFAULT_BACKBONE
 
     cv2.setNumThreads(1)
-    ev_mod = _eval_module()
-    cfg = shipped_calibration(DEFAULT_BACKBONE)
-    root = Path(args.work) / "debian-s0"
-    labelled = LabelledSet.load(root / "files")
-    snapshot = IndexSnapshot.open(root / "index")
-    stored = store.latest(snapshot.index_dir, snapshot.version)
-    if stored is None:
-        raise SystemExit(f"no stored pairs under {snapshot.index_dir}: run scripts/eval_duplicates.py first")
-    _, _, splits = ev_mod.debian_photos(Path(args.corpus), root)
+    run = stored_run(args.work, args.corpus)
+    ev_mod, cfg, root, labelled, snapshot, stored, splits = (run.ev_mod, run.cfg, run.root, run.labelled,
+                                                              run.snapshot, run.stored, run.splits)
     recs = snapshot.table.get_many(snapshot.store.live_ids.tolist())
     table = stored.table
     rows = np.flatnonzero(table.located)

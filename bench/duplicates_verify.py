@@ -73,24 +73,14 @@ def main() -> None:
     import cv2
 
     from bench.common import machine_info
-    from regis.data.near_duplicates import LabelledSet, labelled_pairs
-    from regis.duplicates.config import shipped_calibration
+    from bench.duplicates_labelled import shipped_candidates
+    from regis.data.near_duplicates import labelled_pairs
     from regis.duplicates.finder import to_verify
     from regis.duplicates.geometry import local_features
-    from regis.duplicates.selfjoin import self_join
-    from regis.duplicates.store import PairTable
-    from regis.indexes.snapshot import IndexSnapshot
-    from regis.models.registry import DEFAULT_BACKBONE
 
     cv2.setNumThreads(1)
-    cfg = shipped_calibration(DEFAULT_BACKBONE)
-    root = Path(args.work) / "debian-s0"
-    labels = labelled_pairs(LabelledSet.load(root / "files").items)
-    snap = IndexSnapshot.open(root / "index")
-    recs = snap.table.get_many(snap.store.live_ids.tolist())
-    cand = self_join(snap, floor=cfg.floor, neighbours=cfg.neighbours, depth=cfg.depth)
-    t = PairTable.empty(len(cand))
-    t.a, t.b, t.s_ab, t.s_ba = cand.a, cand.b, cand.s_ab, cand.s_ba
+    cfg, root, labelled, snap, recs, t = shipped_candidates(args.work)
+    labels = labelled_pairs(labelled.items)
     gated = to_verify(t, cfg)
     rows = np.random.default_rng(0).choice(gated, size=min(args.sample, len(gated)), replace=False)
 

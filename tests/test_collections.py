@@ -72,6 +72,15 @@ def test_search_finds_images_of_both_folders(tmp_path, photos_dir, lite0_encoder
     engine.close()
 
 
+def _three_photos(tmp_path, photos_dir):
+    """A folder of three bundled photos (coffee, chelsea, rocket) to build collections from."""
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
+        shutil.copy(photos_dir / name, folder / name)
+    return folder
+
+
 def test_two_collections_are_separate_indexes(tmp_path, photos_dir, lite0_encoder, tiny_encoder, one_thread):
     a, b, names_a, names_b = _split(photos_dir, tmp_path)
     root = CollectionsRoot(tmp_path / "collections")
@@ -100,10 +109,7 @@ def test_a_collections_layout_decides_its_first_index_version(tmp_path, photos_d
 
     from regis.indexes.collections import CollectionConfig
 
-    folder = tmp_path / "three"
-    folder.mkdir()
-    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
-        shutil.copy(photos_dir / name, folder / name)
+    folder = _three_photos(tmp_path, photos_dir)
     root = CollectionsRoot(tmp_path / "collections")
     compact = root.create("small", CollectionConfig(layout="compact"))
     assert root.config("small").writer_options() == {"faiss_codec": "compact", "token_store": "compact"}
@@ -144,10 +150,7 @@ def test_a_sharded_compact_collections_shards_and_resharded_shards_are_compact(t
     from regis.sharding.layout import create_collection, read_state
     from regis.sharding.reshard import reshard
 
-    folder = tmp_path / "three"
-    folder.mkdir()
-    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
-        shutil.copy(photos_dir / name, folder / name)
+    folder = _three_photos(tmp_path, photos_dir)
     root = CollectionsRoot(tmp_path / "collections")
     compact = root.create("small", CollectionConfig(layout="compact"))
     create_collection(compact, 2)
@@ -178,10 +181,7 @@ def test_cli_creates_a_compact_collection_and_refuses_other_layouts(cli, tmp_pat
     listing = cli("collections", "list", "--root", root).stdout.splitlines()
     assert sorted((line.split()[0], line.split()[-1]) for line in listing) == [("plain", "default"),
                                                                               ("small", "compact")]
-    folder = tmp_path / "three"
-    folder.mkdir()
-    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
-        shutil.copy(photos_dir / name, folder / name)
+    folder = _three_photos(tmp_path, photos_dir)
     built = cli("index", "build", folder, "--collection", "small", "--root", root, "--no-progress", "--workers", "0")
     assert built.returncode == 0, built.stderr
     snap = IndexSnapshot.open(root / "small")
