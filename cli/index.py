@@ -6,7 +6,7 @@ import json
 import signal
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +22,9 @@ from cli.options import (
     RoiSize,
     Weights,
 )
+
+if TYPE_CHECKING:
+    from indexer.build import BuildReport
 
 app = typer.Typer(help="Build and inspect indexes.", no_args_is_help=True)
 
@@ -142,19 +145,39 @@ def build(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
         return
-    version = f"version {report.version}" if report.version else "no change, index kept as it was"
-    resumed = f" ({report.resumed} embedded by the interrupted run)" if report.resumed else ""
-    typer.echo(
-        f"{report.scanned} files scanned: {report.added} added, {report.updated} updated{resumed}, "
-        f"{report.deleted} deleted, "
-        f"{report.unchanged + report.touched} unchanged, {len(report.skipped)} skipped; {version}; "
-        f"{report.total_s:.1f} s ({report.images_per_s:.1f} images/s embedding)"
-    )
+    typer.echo(build_summary(report))
     for item in report.skipped:
         typer.echo(f"  skipped {item['path']}: {item['reason']}", err=True)
     hint = _framing_hint_for(index)
     if hint:
         typer.echo(hint, err=True)
+
+
+def build_summary(report: BuildReport) -> str:
+    """The one-line summary ``regis index build`` prints for an ``indexer.BuildReport``.
+
+    A build that found nothing to add, update or delete (and no file it could not read) says so in words:
+    ``index up to date: 21 images, nothing new to embed (0 added, 0 updated, 0 deleted); ...``. The embedding
+    rate is printed only when this run embedded images over a measured time (never 0 images/s); a build that
+    only deleted or refreshed rows says ``(nothing to embed)`` instead.
+    """
+    version = f"version {report.version}" if report.version else "no change, index kept as it was"
+    in_index = report.unchanged + report.touched
+    changed = report.added + report.updated + report.deleted
+    if not changed and not report.skipped:
+        took = f"{report.total_s:.1f} s" if report.total_s >= 0.05 else "under 0.1 s"
+        return (f"index up to date: {in_index} images, nothing new to embed ({report.added} added, "
+                f"{report.updated} updated, {report.deleted} deleted); {version}; checked in {took}")
+    if report.embedded_now > 0 and report.embed_s > 0:
+        rate = f" ({report.images_per_s:.1f} images/s embedding)"
+    elif not report.added + report.updated and not report.skipped:
+        rate = " (nothing to embed)"
+    else:  # every image came from the interrupted run's staging area, or none could be read
+        rate = ""
+    resumed = f" ({report.resumed} embedded by the interrupted run)" if report.resumed else ""
+    return (f"{report.scanned} files scanned: {report.added} added, {report.updated} updated{resumed}, "
+            f"{report.deleted} deleted, {in_index} unchanged, {len(report.skipped)} skipped; {version}; "
+            f"{report.total_s:.1f} s{rate}")
 
 
 LARGE_TWO_FRAMING = 250_000  # images from which a build of a two-framing index says what one framing would save

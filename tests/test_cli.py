@@ -30,7 +30,43 @@ def cli_index(tmp_path_factory, photos_dir):
 
 def test_rebuild_reuses_the_index_encoder_and_changes_nothing(cli_index, photos_dir, cli):
     out = cli("index", "build", photos_dir, "--index", cli_index, "--no-progress")
-    assert "21 unchanged" in out.stdout and "no change" in out.stdout
+    assert out.stdout.startswith("index up to date: 21 images, nothing new to embed (0 added, 0 updated, 0 deleted)")
+    assert "no change" in out.stdout and "images/s" not in out.stdout
+
+
+def test_build_summary_prints_a_rate_only_over_embedded_images(photos_dir, tmp_path, cli):
+    import shutil
+
+    folder, index = tmp_path / "photos", tmp_path / "index"
+    folder.mkdir()
+    for name in ("skimage-coffee.png", "skimage-chelsea.png", "skimage-rocket.jpg"):
+        shutil.copy(photos_dir / name, folder / name)
+    build = ("index", "build", folder, "--index", index, "--backbone", "vit-tiny-reg4-test", "--random-init",
+             "--no-progress")
+    first = cli(*build).stdout
+    assert first.startswith("3 files scanned: 3 added, 0 updated, 0 deleted, 0 unchanged, 0 skipped; version 1; ")
+    assert first.rstrip().endswith(" images/s embedding)")
+    again = cli(*build).stdout  # the second run of `make demo`: every photo already indexed
+    assert again.startswith("index up to date: 3 images, nothing new to embed (0 added, 0 updated, 0 deleted); "
+                            "no change, index kept as it was; checked in ")
+    assert "images/s" not in again
+    (folder / "skimage-rocket.jpg").unlink()
+    deleted = cli(*build).stdout  # only a deletion: a new version, nothing embedded
+    assert deleted.startswith("2 files scanned: 0 added, 0 updated, 1 deleted, 2 unchanged, 0 skipped; version 2; ")
+    assert deleted.rstrip().endswith(" s (nothing to embed)") and "images/s" not in deleted
+
+
+def test_build_summary_of_a_resumed_build_has_no_rate():
+    from cli.index import build_summary
+    from indexer.build import BuildReport
+
+    # every added image came from the interrupted run's staging area: none embedded now, so no rate
+    report = BuildReport(images_root="p", index_dir="i", version=3, scanned=2, added=2, resumed=2, embed_s=0.2,
+                         total_s=0.4)
+    assert build_summary(report) == ("2 files scanned: 2 added, 0 updated (2 embedded by the interrupted run), "
+                                     "0 deleted, 0 unchanged, 0 skipped; version 3; 0.4 s")
+    report.embedded_now, report.images_per_s = 2, 10.0  # the normal case keeps its rate
+    assert build_summary(report).endswith("; version 3; 0.4 s (10.0 images/s embedding)")
 
 
 def test_search_prints_ranked_results(cli_index, photos_dir, cli):
