@@ -166,8 +166,9 @@ def build_summary(report: BuildReport) -> str:
     changed = report.added + report.updated + report.deleted
     if not changed and not report.skipped:
         took = f"{report.total_s:.1f} s" if report.total_s >= 0.05 else "under 0.1 s"
+        kept = f"version {report.version}; " if report.version else ""  # a new version: rows refreshed, no tokens
         return (f"index up to date: {in_index} images, nothing new to embed ({report.added} added, "
-                f"{report.updated} updated, {report.deleted} deleted); {version}; checked in {took}")
+                f"{report.updated} updated, {report.deleted} deleted); {kept}checked in {took}")
     if report.embedded_now > 0 and report.embed_s > 0:
         rate = f" ({report.images_per_s:.1f} images/s embedding)"
     elif not report.added + report.updated and not report.skipped:
