@@ -17,7 +17,7 @@ def layout_options(index_dir: str | Path) -> dict[str, str]:
     keeps the layout it was written with: ``FaissInfo.codec``, ``TokenStoreInfo.rule``), for a folder that is no
     collection (no ``collection.json``, a deleted one's tombstone), and for a sharded collection, whose writer
     gives each shard's first version the collection's layout itself (``regis.sharding.write.ShardedWriter``,
-    ``regis.sharding.layout.new_shard_options``).
+    ``regis.sharding.write.new_shard_options``).
 
     Raises:
         ConfigError: an unreadable ``collection.json``.
@@ -37,7 +37,7 @@ def open_writer(index_dir: str | Path, encoder, weights, **writer_kwargs):
     interface in global ids, over every shard; ``regis.sharding.write``). A collection's first version is
     written in the collection's layout (``layout_options``), and so is each shard's first version in a sharded
     collection (its shards' layout once one has a version, else its ``collection.json``'s:
-    ``regis.sharding.layout.new_shard_options``), but for a codec or store ``writer_kwargs`` name; a version
+    ``regis.sharding.write.new_shard_options``), but for a codec or store ``writer_kwargs`` name; a version
     after that keeps its manifest's.
 
     Raises:

@@ -91,7 +91,7 @@ class CollectionConfig(BaseModel):
         "compact", "token_store": "compact"} for the compact layout (as ``regis index build --compact``), {} for
         the default one (regis's choices). Later versions need none: the manifest keeps what the first recorded
         (``indexer.writers.open_writer`` passes these only while the index has no version; in a sharded
-        collection ``regis.sharding.layout.new_shard_options`` gives them to each shard's first version while no
+        collection ``regis.sharding.write.new_shard_options`` gives them to each shard's first version while no
         shard has one, and ``regis.sharding.reshard`` to every new shard)."""
         if self.layout == COMPACT_LAYOUT:
             return {"faiss_codec": COMPACT_LAYOUT, "token_store": COMPACT_LAYOUT}

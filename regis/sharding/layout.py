@@ -235,28 +235,6 @@ def stored_layout(manifest) -> dict[str, str]:
     return options
 
 
-def new_shard_options(collection: Path | str, state: CollectionState) -> dict[str, str]:
-    """The ``IndexWriter`` arguments of a shard's first version in the published state ``state``: the layout of
-    the state's first shard with a version (``stored_layout``: a collection's layout is fixed by its first
-    version, as an unsharded index's is, so every shard written later matches it), else, before the collection's
-    first version, the layout of its ``collection.json`` (``CollectionConfig.writer_options``: {"faiss_codec":
-    "compact", "token_store": "compact"} for ``layout: compact``; the file sits in the collection folder, beside
-    ``shards.json``, above the shard folders), else {} (no config: regis's defaults).
-
-    Raises:
-        ConfigError: an unreadable ``collection.json``.
-        IndexFormatError: a shard's manifest the record lists is missing or corrupt.
-    """
-    from regis.indexes.collections import read_config
-    from regis.indexes.manifest import read_manifest
-
-    for s, name in enumerate(state.names):
-        if name is not None:
-            return stored_layout(read_manifest(state.shard_path(collection, s) / VERSIONS_DIR / name))
-    config = read_config(collection)
-    return config.writer_options() if config is not None else {}
-
-
 def collect_retired(collection: Path | str, layout: dict, now: float | None = None) -> dict:
     """Remove the shard folders a re-sharding retired more than ``RETIRE_GRACE_S`` ago (the writer calls this
     under the collection's lock); returns the record's re-sharding keys to write back: {"generation", "retired"}

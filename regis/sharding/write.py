@@ -22,7 +22,7 @@ import numpy as np
 
 from regis.errors import ConfigError
 from regis.faults import crash_point
-from regis.indexes.layout import read_current, version_name, write_current
+from regis.indexes.layout import VERSIONS_DIR, read_current, version_name, write_current
 from regis.indexes.locks import release_flock
 from regis.indexes.manifest import Manifest
 from regis.indexes.table import ImageRecord
@@ -32,16 +32,38 @@ from regis.sharding.layout import (
     CollectionState,
     collect_retired,
     create_collection,
-    new_shard_options,
     read_layout,
     read_state,
     shard_of,
+    stored_layout,
     to_global,
     to_local,
     write_layout,
 )
 
 log = logging.getLogger(__name__)
+
+
+def new_shard_options(collection: Path | str, state: CollectionState) -> dict[str, str]:
+    """The ``IndexWriter`` arguments of a shard's first version in the published state ``state``: the layout of
+    the state's first shard with a version (``stored_layout``: a collection's layout is fixed by its first
+    version, as an unsharded index's is, so every shard written later matches it), else, before the collection's
+    first version, the layout of its ``collection.json`` (``CollectionConfig.writer_options``: {"faiss_codec":
+    "compact", "token_store": "compact"} for ``layout: compact``; the file sits in the collection folder, beside
+    ``shards.json``, above the shard folders), else {} (no config: regis's defaults).
+
+    Raises:
+        ConfigError: an unreadable ``collection.json``.
+        IndexFormatError: a shard's manifest the record lists is missing or corrupt.
+    """
+    from regis.indexes.collections import read_config
+    from regis.indexes.manifest import read_manifest
+
+    for s, name in enumerate(state.names):
+        if name is not None:
+            return stored_layout(read_manifest(state.shard_path(collection, s) / VERSIONS_DIR / name))
+    config = read_config(collection)
+    return config.writer_options() if config is not None else {}
 
 
 class ShardedWriter:
@@ -53,7 +75,7 @@ class ShardedWriter:
         encoder, weights: the encoder's config and weights info (checked against existing shards).
         **writer_kwargs: passed to each shard's ``IndexWriter`` (faiss_spec, nprobe, images_root, token_store,
             depth, candidates, lock_timeout_s, keep_versions). A shard with no version yet is written in the
-            collection's layout (``regis.sharding.layout.new_shard_options``: its shards' once one has a version,
+            collection's layout (``new_shard_options``: its shards' once one has a version,
             else its ``collection.json``'s), but for a ``faiss_codec`` or ``token_store`` given here; a shard with
             a version keeps its manifest's (``IndexWriter``), as an unsharded index does.
 
