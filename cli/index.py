@@ -169,12 +169,9 @@ def build_summary(report: BuildReport) -> str:
         kept = f"version {report.version}; " if report.version else ""  # a new version: rows refreshed, no tokens
         return (f"index up to date: {in_index} images, nothing new to embed ({report.added} added, "
                 f"{report.updated} updated, {report.deleted} deleted); {kept}checked in {took}")
-    if report.embedded_now > 0 and report.embed_s > 0:
-        rate = f" ({report.images_per_s:.1f} images/s embedding)"
-    elif not report.added + report.updated and not report.skipped:
-        rate = " (nothing to embed)"
-    else:  # every image came from the interrupted run's staging area, or none could be read
-        rate = ""
+    from indexer.embed import embedding_rate
+
+    rate = embedding_rate(report.images_per_s, report.added + report.updated, len(report.skipped))
     resumed = f" ({report.resumed} embedded by the interrupted run)" if report.resumed else ""
     return (f"{report.scanned} files scanned: {report.added} added, {report.updated} updated{resumed}, "
             f"{report.deleted} deleted, {in_index} unchanged, {len(report.skipped)} skipped; {version}; "

@@ -76,9 +76,9 @@ def build_ray_cli(images_dir: Path, collection: Path, shards: int | None, encode
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
         return
-    # the rate only over images embedded in a measured time (build_ray: 0.0 when it embedded none)
-    rate = (f" ({report.images_per_s:.1f} images/s embedding)" if report.images_per_s > 0
-            else " (nothing to embed)" if not report.added + report.updated and not report.skipped else "")
+    from indexer.embed import embedding_rate
+
+    rate = embedding_rate(report.images_per_s, report.added + report.updated, len(report.skipped))
     typer.echo(f"{report.scanned} files scanned: {report.added} added, {report.updated} updated, "
                f"{report.deleted} deleted, {report.unchanged} unchanged, {len(report.skipped)} skipped; "
                f"{report.num_shards} shards, {report.checkpoints} checkpoints; {report.total_s:.1f} s{rate}")

@@ -269,3 +269,13 @@ def image_record(entry: FileEntry, image_id: int, meta: dict, item: dict) -> Ima
     facts = {**path_facts(entry.path), **meta.get(FACTS_KEY, {}), **(item.get("exif") or {})}
     return ImageRecord(image_id, entry.path, item["sha256"], item["width"], item["height"], item["bytes"],
                        entry.mtime, {**meta, FACTS_KEY: facts})
+
+
+def embedding_rate(images_per_s: float, to_embed: int, skipped: int) -> str:
+    """The end of a build's summary line (``regis index build``, ``--ray``): " (N images/s embedding)" when this
+    run embedded images over a measured time (``images_per_s`` > 0), " (nothing to embed)" when no file was new,
+    changed or unreadable (``to_embed`` = added + updated, ``skipped``), else "" (every image came from an
+    interrupted run's staging area, or none could be read)."""
+    if images_per_s > 0:
+        return f" ({images_per_s:.1f} images/s embedding)"
+    return " (nothing to embed)" if not to_embed and not skipped else ""
