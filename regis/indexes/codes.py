@@ -25,7 +25,7 @@ import numpy as np
 
 from regis.errors import ConfigError, IndexFormatError
 from regis.indexes.npy import load_npy
-from regis.scores.maxsim_np import best_framing_np
+from regis.scores.framings import framing_blocks
 
 FLOAT16 = "float16"
 CODEC_FILE = "codec.faiss"
@@ -273,7 +273,8 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
         chunk_images: images per step.
         gemm: ``gemm(a (m, K), b (n, K)) -> a @ b.T`` float32 (numpy's by default; the searcher passes torch's,
             which keeps to the threads it was given where numpy's BLAS may spread a small product over busy cores).
-        framings: > 1: each image's score is its better framing's MaxSim (``regis.scores.maxsim_np.best_framing_np``).
+        framings: > 1: each image's score is its better framing's MaxSim, from each framing's own block only
+            (``regis.scores.framings.framing_blocks``; as ``regis.scores.maxsim.maxsim_gemm``'s).
 
     Returns:
         (n,) float32 scores.
@@ -284,17 +285,21 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
 
     n, t, half = codes.shape
     query = np.asarray(query, dtype=np.float32)
+    blocks = framing_blocks(len(query), t, framings)
     even, odd, base = sq4_terms(query, vmin, vdiff)
     base = base[:, None]  # (m, 1)
     out = np.empty(n, dtype=np.float32)
     for start in range(0, n, chunk_images):
-        flat = codes[start : start + chunk_images].reshape(-1, half)
-        sims = gemm(even, (flat & 15).astype(np.float32))
-        sims += gemm(odd, (flat >> 4).astype(np.float32))
-        sims += base
-        sims = sims.reshape(len(query), -1, t)
-        out[start : start + chunk_images] = sims.max(axis=2).sum(axis=0) if framings == 1 else best_framing_np(
-            sims, framings)
+        chunk = codes[start : start + chunk_images]
+        best = None
+        for rows, cols in blocks:  # framings scored apart: only each framing's own block is multiplied
+            flat = np.ascontiguousarray(chunk[:, cols]).reshape(-1, half)
+            sims = gemm(even[rows], (flat & 15).astype(np.float32))
+            sims += gemm(odd[rows], (flat >> 4).astype(np.float32))
+            sims += base[rows]
+            score = sims.reshape(rows.stop - rows.start, len(chunk), -1).max(axis=2).sum(axis=0)
+            best = score if best is None else np.maximum(best, score)
+        out[start : start + chunk_images] = best
     return out
 
 

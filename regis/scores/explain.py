@@ -67,7 +67,7 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1, framing
         query: (m, D) float query tokens (unit-norm).
         doc: (n, D) float result tokens (float16 from the store is upcast to float32, as the rerank does).
         framings: > 1: both sides' tokens are that many framings' equal blocks, scored apart
-            (``EncoderConfig.score_framings``; ``regis.scores.maxsim.best_framing``): a query token matches only
+            (``EncoderConfig.score_framings``; ``regis.scores.framings.framing_blocks``): a query token matches only
             the result's tokens of its own framing (the others' similarities are -inf to it), the score is the
             best framing's MaxSim, and only that framing's query tokens contribute (the others: 0).
         framing: with ``framings`` > 1, the framing whose MaxSim is the score whichever is larger (0: the first;

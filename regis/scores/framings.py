@@ -27,6 +27,26 @@ def framing_split(m: int, n: int, framings: int) -> tuple[int, int]:
     return m // framings, n // framings
 
 
+def framing_blocks(m: int, n: int, framings: int) -> list[tuple[slice, slice]]:
+    """The blocks a framing-aware scorer multiplies: for each framing f, the rows of its query tokens and the
+    columns of the image's tokens of the same framing (``framing_split``'s equal blocks, the central square's
+    first). Scoring only these blocks is ``framings`` times fewer products than the full (m, n) similarity, of
+    which a query token would use only its own framing's block (METHODS.md section 1).
+
+    Args:
+        m, n: query and image (document) token counts.
+        framings: framings scored apart (1: one block, every query token against every image token).
+
+    Returns:
+        ``framings`` pairs (query rows, image tokens) of slices.
+
+    Raises:
+        ConfigError (a ValueError): as ``framing_split``.
+    """
+    mf, nf = framing_split(m, n, framings)
+    return [(slice(f * mf, (f + 1) * mf), slice(f * nf, (f + 1) * nf)) for f in range(framings)]
+
+
 def perfect_score(m: int, framings: int) -> float:
     """The MaxSim score of a perfect match (every query token's best cosine 1) for a query of ``m`` tokens:
     the query's tokens per scored framing (``m / framings``; a "best" framing score keeps one framing's MaxSim),

@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from regis.scores.framings import framing_split
+from regis.scores.framings import framing_blocks
 
 CPU_CHUNK_VALUES = 1 << 20  # as regis.scores.maxsim: 4 MiB of float32 upcast per GEMM
-
-
-def best_framing_np(sims: np.ndarray, framings: int) -> np.ndarray:
-    """``regis.scores.maxsim.best_framing`` in numpy: ``sims`` (m, c, n), each side's tokens ``framings`` equal
-    blocks -> (c,) float32, the max over framings f of sum_{i in f} max_{j in f} sims[i, :, j].
-
-    Raises:
-        ValueError: m or n not a multiple of ``framings`` (or framings < 1).
-    """
-    m, c, n = sims.shape
-    mf, nf = framing_split(m, n, framings)
-    blocks = sims.reshape(framings, mf, c, framings, nf)
-    per = [blocks[f, :, :, f].max(axis=-1).sum(axis=0, dtype=np.float32) for f in range(framings)]
-    return np.max(np.stack(per), axis=0)
 
 
 def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None = None,
@@ -35,8 +21,8 @@ def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None =
         query: (m, D) float32 tokens.
         docs: (N, n, D) float tokens (float16 or float32), no padding.
         chunk_size: documents per GEMM (None: as many as hold ``CPU_CHUNK_VALUES`` values).
-        framings: > 1: each document's score is its better framing's MaxSim (``best_framing_np``; as
-            ``maxsim_gemm``'s).
+        framings: > 1: each document's score is its better framing's MaxSim, from each framing's own block only
+            (``framing_blocks``; as ``maxsim_gemm``'s).
 
     Returns:
         (N,) float32 scores.
@@ -54,12 +40,17 @@ def maxsim_gemm_np(query: np.ndarray, docs: np.ndarray, chunk_size: int | None =
         chunk_size = max(1, CPU_CHUNK_VALUES // max(1, n * d))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    framing_split(len(query), n, framings)
+    blocks = framing_blocks(len(query), n, framings)
     query = np.ascontiguousarray(query, dtype=np.float32)
     out = []
     for start in range(0, n_docs, chunk_size):
         chunk = docs[start : start + chunk_size]
-        flat = chunk.reshape(-1, d).astype(np.float32)
-        sims = (query @ flat.T).reshape(-1, chunk.shape[0], n)
-        out.append(sims.max(axis=2).sum(axis=0, dtype=np.float32) if framings == 1 else best_framing_np(sims, framings))
+        best = None
+        for rows, cols in blocks:  # framings scored apart: only each framing's own block is multiplied
+            part = chunk[:, cols]
+            flat = np.ascontiguousarray(part, dtype=np.float32).reshape(-1, d)
+            sims = (query[rows] @ flat.T).reshape(-1, chunk.shape[0], part.shape[1])
+            score = sims.max(axis=2).sum(axis=0, dtype=np.float32)
+            best = score if best is None else np.maximum(best, score)
+        out.append(best)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
