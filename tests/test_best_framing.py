@@ -290,3 +290,19 @@ def test_a_framing_that_matches_nothing_does_not_loosen_the_others_bound(tmp_pat
     ann = searcher.search(q, k=10, depth=1, candidates="bounded")
     np.testing.assert_array_equal(ann.ids, exact.ids)
     snap.close()
+
+
+def test_maxsim_terms_is_the_sum_of_row_maxima_and_refuses_empty_blocks():
+    """The rerank's reduction (``regis.scores.maxsim_np.maxsim_terms``), worked out by hand on a (2, 2, 3) block,
+    and the same as numpy's max over the last axis on random blocks."""
+    from regis.scores.maxsim_np import maxsim_terms
+
+    sims = np.array([[[0.1, 0.9, -0.2], [-1.0, -0.5, -0.7]],
+                     [[0.3, 0.2, 0.4], [0.0, -0.1, 0.8]]], dtype=np.float32)
+    np.testing.assert_allclose(maxsim_terms(sims), [0.9 + 0.4, -0.5 + 0.8], rtol=0, atol=1e-6)
+    rng = np.random.default_rng(1)
+    for shape in ((15, 7, 10), (1, 1, 1), (3, 5, 20)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(maxsim_terms(x), x.max(axis=2).sum(axis=0), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="n >= 1"):
+        maxsim_terms(np.zeros((2, 3, 0), np.float32))

@@ -106,3 +106,28 @@ def test_sq4_scores_on_the_codes_equal_maxsim_of_the_decoded_tokens(tmp_path):
     snap.close()
     codec = token_codes.train_codec("SQ8", _tokens(300, 3).reshape(-1, D))
     assert token_codes.sq4_params(codec) is None  # other codecs: decoded, then scored
+
+
+def test_the_bounded_extras_rescore_refine_x_k_rows_not_a_share(tmp_path):
+    """``Searcher.rank_extra`` (the bounded method's extra images, BENCHMARKS.md section 9 run T): the codes rank
+    all of them, float16 re-scores only the best refine x k = 160, whatever the index's share; its results are
+    exact scores, the best of the extras by exact MaxSim when the codes keep them among the 160."""
+    _add(tmp_path / "idx", _tokens(N, 0))
+    snap = IndexSnapshot.open(tmp_path / "idx")
+    searcher, query = Searcher(snap), _tokens(1, 1)[0]
+    extra = np.arange(0, N, 2, dtype=np.int64)  # 600 extras: the share would re-score 240 of them
+    store, read = snap.store, []
+    original = store.get
+    store.get = lambda ids: (read.append(len(ids)), original(ids))[1]
+    try:
+        ids, scores = searcher.rank_extra(query, extra, 10)
+        assert read == [160]
+        read.clear()
+        searcher._rank(query, extra, 10)
+        assert read == [int(np.ceil(0.4 * len(extra)))] == [240]
+    finally:
+        store.get = original
+    np.testing.assert_allclose(scores, searcher.rerank(query, ids), rtol=1e-6)
+    best = extra[np.argsort(-searcher.rerank(query, extra))[:10]]
+    assert len(np.intersect1d(ids, best)) >= 9
+    snap.close()

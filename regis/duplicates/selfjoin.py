@@ -35,6 +35,7 @@ from regis.errors import ConfigError
 from regis.indexes import faiss_index
 from regis.indexes.snapshot import IndexSnapshot
 from regis.retrieve import candidates as cands
+from regis.scores.maxsim_np import maxsim_terms
 
 DEFAULT_BATCH = 256  # query images per FAISS call
 STAGES = ("search", "candidates", "fetch", "score", "select", "merge")  # where a self-join's time goes
@@ -98,7 +99,7 @@ def both_ways(query: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """
     c, t, d = docs.shape
     sims = (query @ docs.reshape(-1, d).astype(np.float32, copy=False).T).reshape(query.shape[0], c, t)
-    return sims.max(axis=2).sum(axis=0), sims.max(axis=0).sum(axis=1)
+    return maxsim_terms(sims), sims.max(axis=0).sum(axis=1)
 
 
 class _Join:

@@ -26,6 +26,7 @@ import numpy as np
 from regis.errors import ConfigError, IndexFormatError
 from regis.indexes.npy import load_npy
 from regis.scores.framings import framing_blocks
+from regis.scores.maxsim_np import maxsim_terms
 
 FLOAT16 = "float16"
 CODEC_FILE = "codec.faiss"
@@ -226,7 +227,11 @@ def read_codec(path: Path):
         raise IndexFormatError(f"token codec {path} cannot be read by FAISS") from exc
 
 
-SQ4_CHUNK_IMAGES = 4096  # images scored per step by ``sq4_maxsim`` (bounds its float32 temporaries)
+# image tokens of one framing scored per step by ``sq4_maxsim``: its float32 nibble copies (2 MiB each at 256-d) stay
+# in a core's cache. 4,096 images per step (21 MiB) took ~2x as long for 3,400 candidates of 20 tokens (25.6 against
+# 13.7 ms on a Zen 4 core; 256-512 images of 10 tokens were the fastest, 1f and 2f; bench numbers in BENCHMARKS.md
+# section 9, run T)
+SQ4_CHUNK_TOKENS = 4096
 TOKEN_SIMS_CHUNK = 32_768  # neighbour tokens decoded per step by ``CodeStore.token_sims`` (32 MiB float32 at 256-d)
 
 
@@ -259,7 +264,7 @@ def _gemm_nt(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np.ndarray,
-               chunk_images: int = SQ4_CHUNK_IMAGES, gemm=_gemm_nt, framings: int = 1) -> np.ndarray:
+               chunk_images: int | None = None, gemm=_gemm_nt, framings: int = 1) -> np.ndarray:
     """MaxSim of ``query`` against SQ4-coded images without decoding them to float32 tokens first.
 
     ``q . x = q . (vmin + vdiff / 30) + sum_d (q_d vdiff_d / 15) c_d``: two GEMMs over the low and the high nibbles
@@ -270,7 +275,7 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
         query: (m, D) float32 tokens.
         codes: (n, T, D / 2) uint8 SQ4 codes.
         vmin, vdiff: (D,) float32, from ``sq4_params``.
-        chunk_images: images per step.
+        chunk_images: images per step (None: as many as hold ``SQ4_CHUNK_TOKENS`` tokens of one framing).
         gemm: ``gemm(a (m, K), b (n, K)) -> a @ b.T`` float32 (numpy's by default; the searcher passes torch's,
             which keeps to the threads it was given where numpy's BLAS may spread a small product over busy cores).
         framings: > 1: each image's score is its better framing's MaxSim, from each framing's own block only
@@ -280,12 +285,15 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
         (n,) float32 scores.
 
     Raises:
-        ValueError: token counts that do not split into ``framings``.
+        ValueError: token counts that do not split into ``framings``, or chunk_images < 1.
     """
-
     n, t, half = codes.shape
     query = np.asarray(query, dtype=np.float32)
     blocks = framing_blocks(len(query), t, framings)
+    if chunk_images is None:
+        chunk_images = max(1, SQ4_CHUNK_TOKENS // max(1, t // framings))
+    if chunk_images < 1:
+        raise ValueError(f"chunk_images must be >= 1, got {chunk_images}")
     even, odd, base = sq4_terms(query, vmin, vdiff)
     base = base[:, None]  # (m, 1)
     out = np.empty(n, dtype=np.float32)
@@ -297,7 +305,7 @@ def sq4_maxsim(query: np.ndarray, codes: np.ndarray, vmin: np.ndarray, vdiff: np
             sims = gemm(even[rows], (flat & 15).astype(np.float32))
             sims += gemm(odd[rows], (flat >> 4).astype(np.float32))
             sims += base[rows]
-            score = sims.reshape(rows.stop - rows.start, len(chunk), -1).max(axis=2).sum(axis=0)
+            score = maxsim_terms(sims.reshape(rows.stop - rows.start, len(chunk), -1))
             best = score if best is None else np.maximum(best, score)
         out[start : start + chunk_images] = best
     return out

@@ -140,7 +140,7 @@ def search_filtered(searcher: Searcher, query: np.ndarray, allowed: np.ndarray, 
                                             searcher.search_threads)
             extra = extra[np.isin(extra, allowed, assume_unique=True)]
             if len(extra):
-                more_ids, more_scores = searcher._rank(query, extra, k)
+                more_ids, more_scores = searcher.rank_extra(query, extra, k)
                 ids, scores = top_k(np.concatenate([ids, more_ids]), np.concatenate([scores, more_scores]), k)
                 n += len(extra)
     else:  # the filter keeps too few of even the deepest candidates: score the allowed set exactly

@@ -218,7 +218,7 @@ class Searcher:
         extra = self._bounded_extra(query, sims, token_ids, cand, float(scores[-1]), nprobe, threads)
         t3 = time.perf_counter()
         if len(extra):
-            more_ids, more_scores = self._rank(query, extra, k)
+            more_ids, more_scores = self.rank_extra(query, extra, k)
             ids, scores = top_k(np.concatenate([ids, more_ids]), np.concatenate([scores, more_scores]), k)
         t4 = time.perf_counter()
         return ids, scores, len(cand) + len(extra), (t1 - t0 + t3 - t2) * 1e3, (t2 - t1 + t4 - t3) * 1e3
@@ -281,18 +281,38 @@ class Searcher:
 
         return (torch.from_numpy(a) @ torch.from_numpy(b).T).numpy()
 
-    def refine_rows(self, k: int, num_candidates: int) -> int:
+    def refine_rows(self, k: int, num_candidates: int, share: float | None = None) -> int:
         """Candidates re-scored exactly on float16 after the codes ranked ``num_candidates`` of them:
-        ``max(refine x k, ceil(refine_share x num_candidates))``. The share makes the re-scored rows follow the
-        candidate count, which grows with the collection: SQ4's ordering of many close images misplaces more of
-        the exact top k (BENCHMARKS.md section 9: at 1M images, ~860 candidates, 80 rows gave recall@10 0.967)."""
-        return max(self.refine * k, int(np.ceil(self.refine_share * num_candidates)))
+        ``max(refine x k, ceil(share x num_candidates))``, ``share`` the index's ``refine_share`` unless given.
+        The share makes the re-scored rows follow the candidate count, which grows with the collection: SQ4's
+        ordering of many close images misplaces more of the exact top k (BENCHMARKS.md section 9: at 1M images,
+        ~860 candidates, 80 rows gave recall@10 0.967)."""
+        share = self.refine_share if share is None else share
+        return max(self.refine * k, int(np.ceil(share * num_candidates)))
 
-    def _rank(self, query: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top k of the candidates: exact float16 rerank, or codes then exact re-scoring of ``refine_rows``."""
+    def rank_extra(self, query: np.ndarray, extra: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k of the bounded method's extra images (``_bounded_extra``: the first round missed them, a range
+        search found that they could still beat its k-th score): as ``_rank``, but with an index of compressed
+        tokens only the codes' best ``refine x k`` are re-scored on float16, not a share of them. The extras are
+        many where the first round's bound is loose (two framings at 1M images: 1,447 a query on average, p90
+        3,953) and seldom enter the top k: with the share their float16 rows were most of the p99 (BENCHMARKS.md
+        section 9, run T: p99 100 -> 63 ms, recall@10 unchanged at 0.998).
+
+        Args:
+            query: (m, D) float32; extra: (e,) int64 live image ids; k: results wanted.
+
+        Returns:
+            (ids, scores): at most k, best first.
+        """
+        return self._rank(query, extra, k, share=0.0)
+
+    def _rank(self, query: np.ndarray, cand: np.ndarray, k: int,
+              share: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top k of the candidates: exact float16 rerank, or codes then exact re-scoring of ``refine_rows``
+        (``share``: as ``refine_rows``)."""
         if self.codes is not None and self.refine == 0:
             return top_k(cand, self.rerank_codes(query, cand), k)
-        rows = self.refine_rows(k, len(cand))
+        rows = self.refine_rows(k, len(cand), share)
         if self.codes is not None and len(cand) > rows:
             keep, _ = top_k(cand, self.rerank_codes(query, cand), rows)
             cand = np.sort(keep)
