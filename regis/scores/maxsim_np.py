@@ -18,8 +18,8 @@ def maxsim_terms(sims: np.ndarray) -> np.ndarray:
     token) -> (c,) float32, sum over i of max over j of sims[i, :, j].
 
     The max runs as n elementwise ``np.maximum`` over (m, c) slices: numpy's ``max(axis=2)`` over a short last
-    axis (n = 10-20 tokens) took ~5-7x as long (1.3 against 0.2 ms for (15, 2000, 10) on a Zen 4 core), and
-    it was the rerank's largest cost after the GEMM (``python -m bench.profile_search``; BENCHMARKS.md section 9).
+    axis (n = 10-20 tokens) took ~5-7x as long (1.3 against 0.2 ms for (15, 2000, 10) on a Zen 4 core:
+    ``python -m bench.rerank_sq4``), the SQ4 rerank's largest cost after its GEMMs (BENCHMARKS.md section 9).
 
     Raises:
         ValueError: ``sims`` not 3-D, or n = 0.
