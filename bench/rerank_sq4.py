@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import time
 
 import numpy as np
 import torch
 
 from bench.common import print_machine
+from bench.rerank import best_ms
 from regis.indexes.codes import SQ4_CHUNK_TOKENS, sq4_maxsim
 from regis.scores.maxsim_np import maxsim_terms
-
-
-def best_ms(fn, repeats: int) -> float:
-    """Fastest of ``repeats`` calls of ``fn``, ms (after one warm-up call)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def torch_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
