@@ -184,8 +184,8 @@ LARGE_TWO_FRAMING = 250_000  # images from which a build of a two-framing index 
 def framing_hint(num_images: int, framings: int) -> str | None:
     """The note a build prints for a large index of two framings per image, None otherwise.
 
-    With the shipped encoder at 1M images (BENCHMARKS.md section 9, run S), two framings hold 8.0 KB resident per
-    image and answer in 48 ms p50 on one thread, one framing (``--frame center-crop``) 4.1 KB and 23 ms.
+    With the shipped encoder at 1M images (BENCHMARKS.md section 9, run T), two framings hold 8.0 KB resident per
+    image and answer in 30 ms p50 on one thread, one framing (``--frame center-crop``) 4.0 KB and 17 ms.
 
     Args:
         num_images: live images in the index after the build.
@@ -193,8 +193,8 @@ def framing_hint(num_images: int, framings: int) -> str | None:
     """
     if framings < 2 or num_images < LARGE_TWO_FRAMING:
         return None
-    return (f"note: {num_images:,} images of two framings each: about 8 KB of memory per image and twice the search "
-            "time of one framing; an index built with --frame center-crop halves both (BENCHMARKS.md section 9)")
+    return (f"note: {num_images:,} images of two framings each: about 8 KB of memory per image and about twice the "
+            "search time of one framing; an index built with --frame center-crop halves both (BENCHMARKS.md section 9)")
 
 
 def _framing_hint_for(index: Path) -> str | None:

@@ -160,7 +160,7 @@ def test_index_build_records_the_k_factor_and_codec_and_refuses_bad_ones(photos_
 
 
 def test_a_large_two_framing_build_gets_the_one_framing_hint():
-    """The note of ``regis index build`` on a large index of two framings (BENCHMARKS.md section 9, run S): from
+    """The note of ``regis index build`` on a large index of two framings (BENCHMARKS.md section 9, run T): from
     ``LARGE_TWO_FRAMING`` images of two framings, never for one framing or a smaller index."""
     from cli.index import LARGE_TWO_FRAMING, framing_hint
 
