@@ -12,24 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.common import print_machine
+from bench.common import latency_stats, print_machine, recall_at_k, timed_searches
 
 
 def run(searcher, queries: np.ndarray, gt: np.ndarray, k: int) -> dict:
-    """recall@k against ``gt`` (Q, >= k) and the ms of each ``search`` call."""
-    ms, hits = [], []
-    for i, x in enumerate(queries):
-        t0 = time.perf_counter()
-        result = searcher.search(x, k=k)
-        ms.append((time.perf_counter() - t0) * 1e3)
-        hits.append(len(np.intersect1d(result.ids, gt[i, :k])) / k)
-    return {"recall@10": float(np.mean(hits)), "p50_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(np.mean(ms))}
+    """recall@k against ``gt`` (Q, >= k) and the p50 / p99 / mean ms of each ``search`` call (``bench.common``)."""
+    seconds, found, _ = timed_searches(searcher, queries, k)
+    return {"recall@10": recall_at_k(found, gt, k), **latency_stats(seconds)}
 
 
 def main() -> None:
