@@ -228,9 +228,9 @@ def read_codec(path: Path):
 
 
 # image tokens of one framing scored per step by ``sq4_maxsim``: its float32 nibble copies (2 MiB each at 256-d) stay
-# in a core's cache. 4,096 images per step (21 MiB) took ~2x as long for 3,400 candidates of 20 tokens (25.6 against
-# 13.7 ms on a Zen 4 core; 256-512 images of 10 tokens were the fastest, one framing and two:
-# ``python -m bench.rerank_sq4``, BENCHMARKS.md section 9, run T)
+# in a core's cache. 4,096 images per step (21 MiB) took ~1.7x as long for 3,400 candidates of 20 tokens (25.1 against
+# 15.1 ms on a Zen 4 core; 256-512 images of 10 tokens were the fastest, one framing and two:
+# ``python -m bench.rerank_sq4``, docs/results/million/rerank-sq4-2026-11-29t.txt, BENCHMARKS.md section 9, run T)
 SQ4_CHUNK_TOKENS = 4096
 TOKEN_SIMS_CHUNK = 32_768  # neighbour tokens decoded per step by ``CodeStore.token_sims`` (32 MiB float32 at 256-d)
 

@@ -296,7 +296,7 @@ class Searcher:
         tokens only the codes' best ``refine x k`` are re-scored on float16, not a share of them. The extras are
         many where the first round's bound is loose (two framings at 1M images: 1,447 a query on average, p90
         3,953) and seldom enter the top k: with the share their float16 rows were most of the p99 (BENCHMARKS.md
-        section 9, run T: p99 100 -> 63 ms, recall@10 unchanged at 0.998).
+        section 9, run T, ``python -m bench.extras_share``: p99 96-249 -> 65 ms, recall@10 0.998 either way).
 
         Args:
             query: (m, D) float32; extra: (e,) int64 live image ids; k: results wanted.
