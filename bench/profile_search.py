@@ -4,7 +4,10 @@ Opens an index built by ``bench.million`` (or any regis index), runs the first `
 ``bench.corpus1m`` corpus once to warm the page cache, then again with a timer around each stage of
 ``Searcher.search`` (the same calls the searcher makes, in the same order, with the index's defaults):
 
-- ``faiss``: FAISS's ``depth`` nearest token vectors of each query token (IVF coarse search + list scan);
+- ``faiss``: FAISS's ``depth`` nearest token vectors of each query token (IVF coarse search + list scan; with
+  ``k_factor`` > 1, its ``k_factor x depth`` nearest);
+- ``token_sims``: with ``k_factor`` > 1, those neighbours re-ranked on the compressed store's codes to the best
+  ``depth`` (``CodeStore.token_sims``; 0 otherwise);
 - ``live``: token ids -> unique live image ids (the candidates);
 - ``codes``: MaxSim of the query against every candidate on the compressed store (SQ4), and the top
   ``refine_rows``;
@@ -41,6 +44,7 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
     import torch
 
     from bench.data import load_corpus
+    from regis.indexes import faiss_index
     from regis.indexes.snapshot import IndexSnapshot
     from regis.retrieve import candidates as cands
     from regis.retrieve.searcher import Searcher, top_k
@@ -54,13 +58,18 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
     depth = s.default_depth
     for x in q:  # warm: page cache, FAISS and torch first calls
         s.search(x, k=k)
-    stages: dict[str, list[float]] = {n: [] for n in
-                                      ("faiss", "live", "codes", "f16_read", "f16_maxsim", "bounded", "total",
-                                                 "codes_decoded")}
+    timed = ("faiss", "token_sims", "live", "codes", "f16_read", "f16_maxsim", "bounded")
+    stages: dict[str, list[float]] = {n: [] for n in (*timed, "total", "codes_decoded")}
     n_cand, n_rows = [], []
     for x in q:
         t = [time.perf_counter()]
-        sims, tok = s._neighbours(x, depth, None, s.search_threads)
+        sims, tok = faiss_index.search(snap.faiss, x, depth * s.k_factor, nprobe=snap.manifest.faiss.nprobe,
+                                       threads=s.search_threads)
+        t.append(time.perf_counter())
+        if s.k_factor > 1:  # as Searcher._neighbours
+            sims = s.codes.token_sims(x, tok)
+            best = np.argsort(-sims, axis=1, kind="stable")[:, :depth]
+            sims, tok = np.take_along_axis(sims, best, axis=1), np.take_along_axis(tok, best, axis=1)
         t.append(time.perf_counter())
         cand = s._live_images(tok.reshape(-1))
         t.append(time.perf_counter())
@@ -81,8 +90,7 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
             if len(which):
                 s._bounded_extra(x, sims, tok, cand, float(scores[-1]), None, s.search_threads)
         t.append(time.perf_counter())
-        for name, a, b in zip(("faiss", "live", "codes", "f16_read", "f16_maxsim", "bounded"), t[:-1], t[1:],
-                              strict=True):
+        for name, a, b in zip(timed, t[:-1], t[1:], strict=True):
             stages[name].append((b - a) * 1e3)
         t0 = time.perf_counter()
         s.search(x, k=k)
@@ -96,7 +104,8 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
     med = {n: float(np.median(v)) for n, v in stages.items() if v}
     mean = {n: float(np.mean(v)) for n, v in stages.items() if v}
     out = {"index": str(index), "images": len(snap.store), "spec": snap.manifest.faiss.spec,
-           "token_store": snap.manifest.token_store.spec, "refine": s.refine, "refine_share": s.refine_share,
+           "token_store": snap.manifest.token_store.spec, "k_factor": s.k_factor, "refine": s.refine,
+           "refine_share": s.refine_share,
            "candidates_mean": float(np.mean(n_cand)), "f16_rows_mean": float(np.mean(n_rows)),
            "median_ms": med, "mean_ms": mean,
            "share_of_total_mean": {n: mean[n] / mean["total"] for n in mean if n not in ("total", "codes_decoded")}}

@@ -79,7 +79,7 @@ def build(
     faiss_codec: Annotated[
         str | None,
         typer.Option("--faiss-codec", help="IVF vector codec with the lists still sized by regis as the collection "
-                                           "grows, e.g. PQ32x4fs at 256-d: the compact layout (docs/SCALE.md)."),
+                                           "grows, e.g. PQ32x4fsr at 256-d: the compact layout (docs/SCALE.md)."),
     ] = None,
     k_factor: Annotated[
         int | None,
@@ -181,20 +181,30 @@ def build_summary(report: BuildReport) -> str:
 LARGE_TWO_FRAMING = 250_000  # images from which a build of a two-framing index says what one framing would save
 
 
-def framing_hint(num_images: int, framings: int) -> str | None:
-    """The note a build prints for a large index of two framings per image, None otherwise.
+def framing_hint(num_images: int, framings: int, spec: str = "", dim: int = 256) -> str | None:
+    """The note a build prints for a large index of two framings per image whose FAISS codes are SQ8, None otherwise.
 
-    With the shipped encoder at 1M images (BENCHMARKS.md section 9, run T), two framings hold 8.0 KB resident per
-    image and answer in 30 ms p50 on one thread, one framing (``--frame center-crop``) 4.0 KB and 17 ms.
+    With the shipped encoder at 1M images (BENCHMARKS.md section 9, runs T and U), two framings hold 8.0 KB resident
+    per image with SQ8 FAISS codes (recall@10 0.998, 30 ms p50 on one thread); with 4-bit FAISS codes of the
+    residuals (``--faiss-codec PQ{D/4}x4fsr``) 3.7 KB (0.997, 24-27 ms); one framing (``--frame center-crop``)
+    4.0 KB and 17 ms.
 
     Args:
         num_images: live images in the index after the build.
         framings: framings per image (``EncoderConfig.framings``).
+        spec: the index's FAISS spec (``FaissInfo.spec``); a fast-scan codec gets no note.
+        dim: token width D.
     """
-    if framings < 2 or num_images < LARGE_TWO_FRAMING:
+    from regis.indexes import faiss_index
+
+    if framings < 2 or num_images < LARGE_TWO_FRAMING or faiss_index.fast_scan_pq(faiss_index.spec_codec(spec)):
         return None
+    codec = f"PQ{dim // 4}x4fsr" if dim % 4 == 0 else None
+    smaller = (f"an index built with --faiss-codec {codec} (4-bit FAISS codes) holds the two framings in about "
+               "3.7 KB per image at the same speed, or " if codec else "")
     return (f"note: {num_images:,} images of two framings each: about 8 KB of memory per image and about twice the "
-            "search time of one framing; an index built with --frame center-crop halves both (BENCHMARKS.md section 9)")
+            f"search time of one framing; {smaller}one built with --frame center-crop halves both "
+            "(BENCHMARKS.md section 9)")
 
 
 def _framing_hint_for(index: Path) -> str | None:
@@ -206,7 +216,7 @@ def _framing_hint_for(index: Path) -> str | None:
     if current is None:
         return None
     manifest = read_manifest(Path(index) / VERSIONS_DIR / current)
-    return framing_hint(manifest.num_images, manifest.encoder.framings)
+    return framing_hint(manifest.num_images, manifest.encoder.framings, manifest.faiss.spec, manifest.dim)
 
 
 @contextmanager

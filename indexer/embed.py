@@ -61,7 +61,7 @@ class BuildOptions:
         candidates: candidate method stored in the manifest, "bounded" or "depth"; None keeps the index's
             ("bounded" for a new one).
         faiss_codec: the IVF vector codec regis sizes its FAISS spec with (``IndexWriter(faiss_codec=)``: the
-            compact layout's ``PQ32x4fs``); None: the index's, else regis's.
+            compact layout's ``PQ32x4fsr``); None: the index's, else regis's.
         k_factor: FAISS neighbours per query token as a multiple of the depth, re-ranked on the token store's
             codes (``FaissInfo.k_factor``); None: the index's while its FAISS spec stays the same, else
             ``regis.indexes.faiss_index.default_k_factor``.

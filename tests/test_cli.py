@@ -152,7 +152,7 @@ def test_index_build_records_the_k_factor_and_codec_and_refuses_bad_ones(photos_
     assert out.returncode == 0, out.stderr
     snap = IndexSnapshot.open(tmp_path / "compact")  # a 32-wide test ViT: 4 x 4-bit codes; 210 vectors: SQ4 store
     assert (snap.manifest.faiss.codec, snap.manifest.token_store.spec, snap.manifest.token_store.rule) == (
-        "PQ4x4fs", "SQ4", "compact")
+        "PQ4x4fsr", "SQ4", "compact")
     snap.close()
     out = cli("index", "build", photos_dir, "--index", tmp_path / "bad", "--faiss-codec", "Nonsense12", "--random-init",
               "--backbone", "vit-tiny-reg4-test")
@@ -168,3 +168,7 @@ def test_a_large_two_framing_build_gets_the_one_framing_hint():
     assert note is not None and "--frame center-crop" in note and f"{LARGE_TWO_FRAMING:,} images" in note
     assert framing_hint(LARGE_TWO_FRAMING - 1, 2) is None
     assert framing_hint(1_000_000, 1) is None
+    # an SQ8 index is told of the 4-bit residual codes; one that has them is told nothing
+    note = framing_hint(1_000_000, 2, "IVF65536(HNSW32_SQfp16),SQ8", 256)
+    assert "--faiss-codec PQ64x4fsr" in note and "--frame center-crop" in note
+    assert framing_hint(1_000_000, 2, "IVF65536(HNSW32_SQfp16),PQ64x4fsr", 256) is None

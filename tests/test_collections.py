@@ -115,7 +115,7 @@ def test_a_collections_layout_decides_its_first_index_version(tmp_path, photos_d
     assert root.config("small").writer_options() == {"faiss_codec": "compact", "token_store": "compact"}
     build(folder, compact, tiny_encoder)
     snap = IndexSnapshot.open(compact)
-    assert (snap.manifest.faiss.codec, snap.manifest.token_store.rule) == ("PQ4x4fs", "compact")
+    assert (snap.manifest.faiss.codec, snap.manifest.token_store.rule) == ("PQ4x4fsr", "compact")
     snap.close()
     old = root.create("old")
     config = old / "collection.json"
@@ -155,9 +155,9 @@ def test_a_sharded_compact_collections_shards_and_resharded_shards_are_compact(t
     compact = root.create("small", CollectionConfig(layout="compact"))
     create_collection(compact, 2)
     assert build(folder, compact, tiny_encoder).added == 3
-    assert _shard_layouts(compact) == [("PQ4x4fs", "compact")] * 2  # ids 0 and 2 in shard 0, 1 in shard 1
+    assert _shard_layouts(compact) == [("PQ4x4fsr", "compact")] * 2  # ids 0 and 2 in shard 0, 1 in shard 1
     assert reshard(compact, 3).images == 3
-    assert read_state(compact).num_shards == 3 and _shard_layouts(compact) == [("PQ4x4fs", "compact")] * 3
+    assert read_state(compact).num_shards == 3 and _shard_layouts(compact) == [("PQ4x4fsr", "compact")] * 3
     assert root.describe("small")["images"] == 3
 
 
@@ -185,7 +185,7 @@ def test_cli_creates_a_compact_collection_and_refuses_other_layouts(cli, tmp_pat
     built = cli("index", "build", folder, "--collection", "small", "--root", root, "--no-progress", "--workers", "0")
     assert built.returncode == 0, built.stderr
     snap = IndexSnapshot.open(root / "small")
-    assert (snap.manifest.faiss.codec, snap.manifest.token_store.rule) == ("PQ4x4fs", "compact")
+    assert (snap.manifest.faiss.codec, snap.manifest.token_store.rule) == ("PQ4x4fsr", "compact")
     snap.close()
 
 

@@ -64,7 +64,7 @@ def _manifest(index):
 
 def test_a_compact_collection_over_rest_writes_the_compact_layout(tmp_path, photos_dir, one_thread):
     """POST /v1/collections with layout "compact": uploads write the index as ``regis index build --compact``
-    does (FAISS codec PQ{D/8}x4fs, the compact store rule), its searches answer; a default collection records
+    does (FAISS codec PQ{D/8}x4fsr, the compact store rule), its searches answer; a default collection records
     neither; a collection's existing index keeps its manifest's layout; a layout not offered is a 422."""
     import json
 
@@ -83,7 +83,7 @@ def test_a_compact_collection_over_rest_writes_the_compact_layout(tmp_path, phot
                              files=[("files", (p.name, p.read_bytes())) for p in photos[:2]])
             assert up.status_code == 201, up.text
         # a 32-wide test ViT: 4 x 4-bit FAISS codes; 20 token vectors: the SQ4 store, re-picked by size
-        assert _manifest(tmp_path / "small") == ("PQ4x4fs", "SQ4", "compact")
+        assert _manifest(tmp_path / "small") == ("PQ4x4fsr", "SQ4", "compact")
         assert _manifest(tmp_path / "plain")[0::2] == (None, None)
         listed = {c["name"]: c["layout"] for c in client.get("/v1/collections").json()["collections"]}
         assert listed == {"small": "compact", "plain": "default", "default": "default"}
@@ -94,7 +94,7 @@ def test_a_compact_collection_over_rest_writes_the_compact_layout(tmp_path, phot
             up = client.post(f"/v1/collections/{name}/images", files=[("files", (photos[2].name,
                                                                                  photos[2].read_bytes()))])
             assert up.status_code == 201 and up.json()["index_version"] == 2, up.text
-        assert _manifest(tmp_path / "small") == ("PQ4x4fs", "SQ4", "compact")
+        assert _manifest(tmp_path / "small") == ("PQ4x4fsr", "SQ4", "compact")
         assert _manifest(tmp_path / "plain")[0::2] == (None, None)
         for photo in photos:
             found = client.post("/v1/collections/small/search", params={"k": 3},

@@ -96,6 +96,12 @@ def test_the_factor_is_kept_as_the_index_grows_and_old_manifests_read_as_1(tmp_p
     specs = ("IVF16384(HNSW32_SQfp16),PQ32x4fs", "IVF4096,PQ64x4fs", "IVF4096,SQ8", "IVF4096,PQ128x4fs", "HNSW32")
     assert [faiss_index.default_k_factor(s, 256) for s in specs] == [4, 4, 1, 1, 1]
     assert faiss_index.default_k_factor("IVF4096,PQ640x4fs", 1280) == 1  # regis's wide-token codec: 2 bits / dim
+    # residual codes ("x4fsr"): 2 at 1 bit per dimension, as the others otherwise
+    assert [faiss_index.default_k_factor(s + "r", 256) for s in specs[:2]] == [4, 2]
+    assert faiss_index.default_k_factor("IVF4096,PQ128x4fsr", 256) == 1
+    assert faiss_index.default_depth("IVF4096,PQ64x4fsr") == faiss_index.FAST_SCAN_DEPTH
+    assert [faiss_index.fast_scan_pq(c) for c in ("PQ64x4fs", "PQ64x4fsr", "SQ8", "PQ64", "PQ64x4fsrr", None)] == [
+        (64, False), (64, True), None, None, None, None]
     with pytest.raises(ConfigError, match="k_factor"):
         _writer(tmp_path / "bad", k_factor=0)
     snap = IndexSnapshot.open(path)
@@ -148,18 +154,18 @@ def test_a_faiss_codec_keeps_regis_sizing_the_lists_as_the_index_grows(tmp_path)
 
 
 def test_the_compact_preset_sizes_its_codec_and_its_store_as_the_index_grows(tmp_path):
-    """``--compact`` (faiss_codec and token_store "compact"): the FAISS codec PQ{D/8}x4fs with regis's lists, and a
+    """``--compact`` (faiss_codec and token_store "compact"): the FAISS codec PQ{D/8}x4fsr with regis's lists, and a
     store that starts as a plain PQ{D/4} and becomes the residual IVF1024,PQ{D/4} (re-encoded) once 39 x 1,024
     token vectors can train it; a search still returns exact MaxSim scores, and later writes keep the rule."""
     path = tmp_path / "idx"
     m = _add(path, _tokens(1_500, 0), faiss_codec="compact", token_store="compact")
-    assert (m.faiss.spec, m.faiss.codec) == ("Flat", faiss_index.compact_codec(D)) == ("Flat", "PQ4x4fs")
+    assert (m.faiss.spec, m.faiss.codec) == ("Flat", faiss_index.compact_codec(D)) == ("Flat", "PQ4x4fsr")
     assert (m.token_store.spec, m.token_store.rule) == ("PQ8", "compact")  # 15,000 vectors: the plain PQ
     snap = IndexSnapshot.open(path)
     codes_before = np.array(snap.codes.codes)
     snap.close()
     m = _add(path, _tokens(2_700, 1))  # 42,000 vectors >= 39,936: the residual store, every row re-encoded
-    assert (m.faiss.spec, m.faiss.k_factor) == ("IVF1024,PQ4x4fs", 4)
+    assert (m.faiss.spec, m.faiss.k_factor) == ("IVF1024,PQ4x4fsr", 4)
     assert (m.token_store.spec, m.token_store.rule, m.token_store.code_size) == ("IVF1024,PQ8", "compact", 10)
     snap = IndexSnapshot.open(path)
     assert snap.codes.codes.shape == (4_200, T, 10) and codes_before.shape == (1_500, T, 8)

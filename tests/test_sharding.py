@@ -329,16 +329,16 @@ def test_a_shard_first_written_after_the_others_takes_the_collections_layout(tmp
     with ShardedWriter(legacy, 2, config, weights) as w:
         w.put([_rec(i) for i in w.allocate_ids(1)], tokens[:1])
         w.commit()
-    assert _layouts(compact) == [("PQ4x4fs", "compact"), None] and _layouts(legacy) == [(None, None), None]
+    assert _layouts(compact) == [("PQ4x4fsr", "compact"), None] and _layouts(legacy) == [(None, None), None]
     write_json_atomic(legacy / CONFIG_FILE, CollectionConfig(layout="compact").model_dump())
     for collection in (compact, legacy):
         with CollectionWriter(collection, config, weights) as w:
             w.put([_rec(i) for i in w.allocate_ids(1)], tokens[1:])  # global id 1: shard 1's first version
             w.commit()
-    assert _layouts(compact) == [("PQ4x4fs", "compact")] * 2
+    assert _layouts(compact) == [("PQ4x4fsr", "compact")] * 2
     assert _layouts(legacy) == [(None, None)] * 2
     reshard(legacy, 3)
-    assert _layouts(legacy) == [("PQ4x4fs", "compact")] * 2 + [None]  # ids 0 and 1; shard 2 holds none
+    assert _layouts(legacy) == [("PQ4x4fsr", "compact")] * 2 + [None]  # ids 0 and 1; shard 2 holds none
 
 
 def test_the_collection_version_rises_by_one_per_write_and_readers_move_at_once(tmp_path, tiny_encoder):

@@ -25,6 +25,26 @@ def _faiss():
     return faiss
 
 
+FAST_SCAN_PQ = re.compile(r"PQ(\d+)x4fs(r?)")  # FAISS's 4-bit fast-scan PQ codec; "r": codes of the residuals
+
+
+def fast_scan_pq(codec: str | None) -> tuple[int, bool] | None:
+    """(M, by_residual) of a 4-bit fast-scan PQ codec spec ("PQ64x4fsr" -> (64, True)), None for any other codec.
+
+    ``x4fsr`` codes each vector's residual to its IVF centroid, ``x4fs`` the vector itself (FAISS's
+    ``index_factory``: ``IndexIVFPQFastScan.by_residual``). Same bytes per vector and, for inner products, the
+    same scan (one lookup table per query plus the centroid's inner product), but the residual's smaller spread is
+    coded far more exactly. On the shipped encoder's real 256-d tokens (``IVF512``, nprobe 32, depth 192; ``python
+    -m bench.residual_codes``, docs/results/million/residual-codes-2026-11-29u.json), ``PQ64x4fs`` put the top 10
+    neighbours' similarities 0.108 too low on average (``PQ64x4fsr``: 0.002; SQ8: 0.000), so a FAISS range search,
+    which the bounded candidates rely on, found 0.26 of the tokens above its radius (residuals: 0.78; SQ8: 0.86),
+    and FAISS's best 4 x 192 re-ranked exactly held 0.951 of the exact best 192 (residuals: 0.969; SQ8: 0.976).
+    At 1M images of two framings (BENCHMARKS.md section 9, run U): recall@10 0.981 against 0.997.
+    """
+    match = FAST_SCAN_PQ.fullmatch(codec or "")
+    return (int(match.group(1)), bool(match.group(2))) if match else None
+
+
 WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors with 4-bit fast-scan PQ
 SQ8_CODEC = "SQ8"
 
@@ -147,31 +167,44 @@ FAST_SCAN_DEPTH = 192  # candidate depth of fast-scan PQ indexes (their similari
 
 
 COMPACT_K_FACTOR = 4  # k_factor of a new index whose FAISS codes hold at most 1 bit per dimension
+RESIDUAL_K_FACTOR = 2  # ... whose codes are of the residuals at exactly 1 bit per dimension (``default_k_factor``)
 COMPACT = "compact"  # IndexWriter(faiss_codec="compact"): ``compact_codec``
 
 
 def compact_codec(dim: int) -> str:
-    """The compact layout's IVF vector codec for ``dim``-d tokens: ``PQ{D/8}x4fs``, 4-bit fast-scan codes of 8
-    dimensions each (D / 16 bytes per token: 16 at 256-d), re-ranked on the token store (``default_k_factor``).
-    BENCHMARKS.md section 9: with the ``codes.compact_store`` store, 1,221 B resident per image at 300k images.
+    """The compact layout's IVF vector codec for ``dim``-d tokens: ``PQ{D/8}x4fsr``, 4-bit fast-scan codes of 8
+    dimensions each of the residual to the token's IVF centroid (D / 16 bytes per token: 16 at 256-d;
+    ``fast_scan_pq``), re-ranked on the token store (``default_k_factor``). BENCHMARKS.md section 9: with the
+    ``codes.compact_store`` store, 1,221 B resident per image at 300k images. (Until 2026-11-29 the codes were of
+    the vectors themselves, ``PQ{D/8}x4fs``; an index keeps its codec.)
 
     Raises:
         ConfigError: D not a multiple of 8.
     """
     if dim % 8:
         raise ConfigError(f"the compact layout's FAISS codec needs a width divisible by 8, got D = {dim}")
-    return f"PQ{dim // 8}x4fs"
+    return f"PQ{dim // 8}x4fsr"
 
 
 def default_k_factor(spec: str, dim: int) -> int:
     """FAISS neighbours fetched per query token, as a multiple of the candidate depth, for a new index of ``spec``
-    over ``dim``-d tokens (``FaissInfo.k_factor``): ``COMPACT_K_FACTOR`` when its codec is a 4-bit fast-scan PQ of
-    at most 1 bit per dimension (``PQ{M}x4fs`` with 4 M <= dim: the compact layout, e.g. ``PQ32x4fs`` at 256-d, whose
-    lists FAISS orders too coarsely: at 300k images recall@10 0.787 at k_factor 1, 0.935 at 4 with the SQ4 store;
-    ``PQ64x4fs`` at 1M, k_factor 1: 0.62; BENCHMARKS.md section 9 and its history), else 1, FAISS's own
-    similarities (every spec regis chooses by itself: SQ8, or PQ{D/2}x4fs at 2 bits per dimension)."""
-    match = re.fullmatch(r"PQ(\d+)x4fs", spec_codec(spec) or "")
-    return COMPACT_K_FACTOR if match and 4 * int(match.group(1)) <= dim else 1
+    over ``dim``-d tokens (``FaissInfo.k_factor``), by its codec (``fast_scan_pq``):
+
+    - ``RESIDUAL_K_FACTOR`` (2) for 4-bit fast-scan codes of the residuals at 1 bit per dimension (``PQ{D/4}x4fsr``,
+      e.g. ``PQ64x4fsr`` at 256-d): the shipped encoder's tokens, two framings (BENCHMARKS.md section 9, run U,
+      alternated in one process): at 1M images recall@10 0.9973 at 2 and at 4, p50 24-27 against 31-32 ms; at 100k
+      0.9993 against 0.9997, 13.4-13.8 against 17.0-17.4 ms;
+    - ``COMPACT_K_FACTOR`` (4) for any other fast-scan PQ of at most 1 bit per dimension (``PQ{M}x4fs[r]`` with
+      4 M <= dim: the compact layout, e.g. ``PQ32x4fsr`` at 256-d, whose lists FAISS orders too coarsely: at 300k
+      images recall@10 0.787 at k_factor 1, 0.935 at 4 with the SQ4 store; ``PQ64x4fs`` at 1M, k_factor 1: 0.62;
+      BENCHMARKS.md section 9 and its history);
+    - else 1, FAISS's own similarities (every spec regis chooses by itself: SQ8, or PQ{D/2}x4fs at 2 bits per
+      dimension).
+    """
+    pq = fast_scan_pq(spec_codec(spec))
+    if not pq or 4 * pq[0] > dim:
+        return 1
+    return RESIDUAL_K_FACTOR if pq[1] and 4 * pq[0] == dim else COMPACT_K_FACTOR
 
 
 def default_depth(spec: str) -> int:
@@ -179,8 +212,7 @@ def default_depth(spec: str) -> int:
     ``default_nprobe``: depth 32 loses 0.01 of recall@10, 128 gains < 0.001), 192 for a 4-bit fast-scan PQ codec
     (``default_codec``; its coarser similarities order each list less exactly: on 100k 1280-d real tokens recall@10
     0.974 / 0.991 / 0.997 at depth 64 / 128 / 192)."""
-    codec = spec_codec(spec) or ""
-    return FAST_SCAN_DEPTH if codec.endswith("fs") else DEFAULT_DEPTH
+    return FAST_SCAN_DEPTH if fast_scan_pq(spec_codec(spec)) else DEFAULT_DEPTH
 
 
 def new_index(spec: str, dim: int):

@@ -40,7 +40,7 @@ class FaissInfo(BaseModel):
         k_factor: FAISS returns ``k_factor x depth`` neighbours per query token, and the compressed token store's
             codes re-rank them to the best ``depth`` (``Searcher``): for FAISS codes coarser than the store's
             (``faiss_index.default_k_factor``). 1 (FAISS's own similarities) in indexes written before it was recorded.
-        codec: the vector codec regis sizes an auto spec with (``IndexWriter(faiss_codec=)``, e.g. ``PQ32x4fs`` for
+        codec: the vector codec regis sizes an auto spec with (``IndexWriter(faiss_codec=)``, e.g. ``PQ32x4fsr`` for
             the compact layout), kept while the index is still ``Flat``; None: the codec of the spec it grew into,
             else ``faiss_index.default_codec``.
     """

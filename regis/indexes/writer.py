@@ -101,7 +101,7 @@ class IndexWriter:
             stays the same, else ``faiss_index.default_depth``).
         candidates: candidate method recorded in the manifest, "bounded" or "depth"
             (``regis.retrieve.candidates``); None keeps the base's, else "bounded".
-        faiss_codec: the IVF vector codec regis sizes its spec with (``faiss_index.auto_spec``), e.g. ``PQ32x4fs``
+        faiss_codec: the IVF vector codec regis sizes its spec with (``faiss_index.auto_spec``), e.g. ``PQ32x4fsr``
             (the compact layout, docs/SCALE.md; "compact": ``faiss_index.compact_codec``): the lists still follow the
             collection's size, the codec stays as it grows; recorded in the manifest (``FaissInfo.codec``). None:
             the base's, else regis's. Ignored under an explicit ``faiss_spec``.

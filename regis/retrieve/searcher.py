@@ -204,37 +204,40 @@ class Searcher:
             return np.zeros(0, dtype=np.int64)
         return np.setdiff1d(self._live_images(np.concatenate(found)), seen, assume_unique=True)
 
-    def _ann(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, k: int, nprobe: int | None,
-             method: str, threads: int | None) -> tuple[np.ndarray, np.ndarray, int, float, float]:
-        """Candidates from first-round neighbours (m, depth), ranked; returns ids, scores, number of candidates,
-        candidate ms and rank ms. The bounded method adds the images ``_bounded_extra`` finds."""
-        t0 = time.perf_counter()
-        cand = self._live_images(token_ids.reshape(-1))
+    def _ann(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, cand: np.ndarray, k: int,
+             nprobe: int | None, method: str, threads: int | None) -> tuple[np.ndarray, np.ndarray, int, float, float]:
+        """The candidates ``cand`` (c,) (the live images of the first-round neighbours (m, depth),
+        ``_enough_neighbours``) ranked; returns ids, scores, number of candidates, candidate ms and rank ms. The
+        bounded method adds the images ``_bounded_extra`` finds."""
         t1 = time.perf_counter()
         ids, scores = self._rank(query, cand, k)
         t2 = time.perf_counter()
         if method == "depth" or len(ids) < k:
-            return ids, scores, len(cand), (t1 - t0) * 1e3, (t2 - t1) * 1e3
+            return ids, scores, len(cand), 0.0, (t2 - t1) * 1e3
         extra = self._bounded_extra(query, sims, token_ids, cand, float(scores[-1]), nprobe, threads)
         t3 = time.perf_counter()
         if len(extra):
             more_ids, more_scores = self.rank_extra(query, extra, k)
             ids, scores = top_k(np.concatenate([ids, more_ids]), np.concatenate([scores, more_scores]), k)
         t4 = time.perf_counter()
-        return ids, scores, len(cand) + len(extra), (t1 - t0 + t3 - t2) * 1e3, (t2 - t1 + t4 - t3) * 1e3
+        return ids, scores, len(cand) + len(extra), (t3 - t2) * 1e3, (t2 - t1 + t4 - t3) * 1e3
 
     def _enough_neighbours(self, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray, k: int, depth: int,
-                           nprobe: int | None, threads: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+                           nprobe: int | None,
+                           threads: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Widen the depth (x4 per step, up to every token vector) while the candidates are fewer than
         min(k, images): k results are returned whenever the index holds k images, even when a few images own
-        all of the query tokens' nearest neighbours. Takes and returns the neighbours (sims, token_ids, both
-        (m, depth)) and the depth that gave them."""
+        all of the query tokens' nearest neighbours. Takes the neighbours (sims, token_ids, both (m, depth));
+        returns the neighbours, their live images (c,) int64 ascending (the candidates) and the depth that gave
+        them."""
         want = min(k, len(self.snapshot.store))
         cap = min(MAX_DEPTH, int(self.snapshot.faiss.ntotal))
-        while len(self._live_images(token_ids.reshape(-1))) < want and depth < cap:
+        cand = self._live_images(token_ids.reshape(-1))
+        while len(cand) < want and depth < cap:
             depth = min(depth * 4, cap)
             sims, token_ids = self._neighbours(query, depth, nprobe, threads)
-        return sims, token_ids, depth
+            cand = self._live_images(token_ids.reshape(-1))
+        return sims, token_ids, cand, depth
 
     def _live_images(self, token_ids: np.ndarray) -> np.ndarray:
         token_ids = token_ids[token_ids >= 0]
@@ -364,9 +367,11 @@ class Searcher:
         method = cands.check_method(candidates or self.candidate_method)
         t0 = time.perf_counter()
         sims, token_ids = self._neighbours(query, depth, nprobe, self.search_threads)
-        sims, token_ids, depth = self._enough_neighbours(query, sims, token_ids, k, depth, nprobe, self.search_threads)
+        sims, token_ids, cand, depth = self._enough_neighbours(query, sims, token_ids, k, depth, nprobe,
+                                                               self.search_threads)
         t1 = time.perf_counter()
-        ids, scores, n, cand_ms, rank_ms = self._ann(query, sims, token_ids, k, nprobe, method, self.search_threads)
+        ids, scores, n, cand_ms, rank_ms = self._ann(query, sims, token_ids, cand, k, nprobe, method,
+                                                     self.search_threads)
         return SearchResult(ids, scores, n, {"candidates": (t1 - t0) * 1e3 + cand_ms, "rerank": rank_ms},
                             depth=depth)
 
@@ -404,9 +409,9 @@ class Searcher:
         out = []
         for i in range(b):
             rows = slice(i * m, (i + 1) * m)
-            q_sims, q_ids, _ = self._enough_neighbours(queries[i], sims[rows], token_ids[rows], k, depth, nprobe,
-                                                       threads)
-            ids, scores, n, _, _ = self._ann(queries[i], q_sims, q_ids, k, nprobe, method, threads)
+            q_sims, q_ids, cand, _ = self._enough_neighbours(queries[i], sims[rows], token_ids[rows], k, depth,
+                                                             nprobe, threads)
+            ids, scores, n, _, _ = self._ann(queries[i], q_sims, q_ids, cand, k, nprobe, method, threads)
             out.append(SearchResult(ids, scores, n, depth=depth))
         t2 = time.perf_counter()
         for r in out:

@@ -225,7 +225,7 @@ def collection_manifest(collection: Path | str):
 def stored_layout(manifest) -> dict[str, str]:
     """The ``IndexWriter`` arguments that write a new index in the layout the index of ``manifest`` (a
     ``Manifest``) was written in: its FAISS vector codec (``FaissInfo.codec``, when it records one: the compact
-    layout's ``PQ{D/8}x4fs``, or a ``--faiss-codec``) and, for the compact layout, ``token_store="compact"``
+    layout's ``PQ{D/8}x4fsr``, or a ``--faiss-codec``) and, for the compact layout, ``token_store="compact"``
     (``TokenStoreInfo.rule``: regis re-picks the store by the new index's size). {} for the default layout."""
     from regis.indexes.codes import COMPACT
 
