@@ -116,7 +116,7 @@ def build_index(n_db: int, tokens: str = "synthetic", variant: str = "default", 
     layout = getattr(enc.config, "query_layout", "tokens")
     # and the FAISS codec regis picks for the tokens' width: an index cached before wide tokens got fast-scan PQ
     # (faiss_index.default_codec) would otherwise keep serving SQ8
-    used = codec or faiss_index.default_codec(enc.config.dim)
+    used = codec or faiss_index.default_codec(enc.config.dim, enc.config.framings)
     name = "serve-synth-lite0" if tokens == "synthetic" else "serve-lite0"
     path = DATA_DIR / "idx" / (f"{name}-{n_db}" + (f"-roi{roi}" if roi else "")
                                + ("" if layout == "tokens" else f"-{layout.replace('+', '-')}")

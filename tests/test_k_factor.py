@@ -181,3 +181,38 @@ def test_the_compact_preset_sizes_its_codec_and_its_store_as_the_index_grows(tmp
         "SQ4", "PQ64", "PQ64", "IVF1024,PQ64"]
     with pytest.raises(ConfigError, match="divisible by 8"):
         faiss_index.compact_codec(36)
+
+
+def test_two_framings_of_256_d_tokens_get_residual_fast_scan_codes(tmp_path):
+    """New two-framing indexes of 256-d tokens (the shipped encoder's) get ``PQ64x4fsr`` FAISS codes once they leave
+    Flat, with k_factor 2 and depth 192 (``faiss_index.default_codec``); one framing of the same width stays SQ8, and
+    a two-framing index that already has SQ8 codes keeps them as it grows. Searches return exact MaxSim scores."""
+    from regis.indexes.table import ImageRecord
+    from regis.models.encoder import EncoderConfig, WeightsInfo
+
+    d, n = 256, 2_100  # 42,000 token vectors: IVF1024
+    two = EncoderConfig(backbone="test-two-framings", kind="cnn", num_registers=4, dim=d, cue_method="grid",
+                        frame="center-crop+aspect", framing_score="best", mean=(0.5,) * 3, std=(0.5,) * 3)
+    t = two.tokens_per_image
+
+    def add(path, tokens, config=two, **kwargs):
+        with IndexWriter(path, config, WeightsInfo(source="test", sha256="0" * 64), **kwargs) as w:
+            ids = w.allocate_ids(len(tokens))
+            w.put([ImageRecord(int(i), f"{i}.png", "0" * 64, 1, 1, 1, 0.0) for i in ids], tokens)
+            return w.commit()
+
+    tokens = unit_tokens(n, 0, t, d)
+    m = add(tmp_path / "two", tokens)
+    assert (m.faiss.spec, m.faiss.k_factor, m.faiss.depth) == ("IVF1024,PQ64x4fsr", 2, faiss_index.FAST_SCAN_DEPTH)
+    snap = IndexSnapshot.open(tmp_path / "two")
+    searcher, query = Searcher(snap), unit_tokens(1, 1, 2 * two.query_tokens_per_framing, d)[0]
+    result = searcher.search(query, k=10)
+    np.testing.assert_allclose(result.scores, searcher.rerank(query, result.ids), rtol=1e-6)
+    snap.close()
+    one = two.model_copy(update={"frame": "center-crop", "framing_score": "union"})
+    assert add(tmp_path / "one", unit_tokens(n, 2, one.tokens_per_image, d), config=one).faiss.spec == "IVF512,SQ8"
+    kept = tmp_path / "kept"
+    add(kept, tokens, faiss_spec="IVF1024,SQ8")
+    assert add(kept, unit_tokens(100, 3, t, d)).faiss.spec == "IVF1024,SQ8"
+    assert faiss_index.default_codec(256, framings=2) == "PQ64x4fsr"
+    assert [faiss_index.default_codec(w, framings=2) for w in (32, 1280)] == ["SQ8", "PQ640x4fs"]

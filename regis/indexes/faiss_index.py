@@ -49,26 +49,41 @@ WIDE_DIM = 1024  # token widths from which new IVF indexes code their vectors wi
 SQ8_CODEC = "SQ8"
 
 
-def default_codec(dim: int | None) -> str:
-    """The IVF vector codec regis picks for new indexes of ``dim``-d tokens.
+RESIDUAL_DIMS = range(256, WIDE_DIM)  # token widths whose two-framing indexes get residual fast-scan codes
 
-    ``SQ8`` (1 byte per dimension) below ``WIDE_DIM``. From ``WIDE_DIM`` up (EfficientNet-Lite0's 1280-d tokens),
-    ``PQ{dim/2}x4fs``: product quantisation of 2 dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan
+
+def default_codec(dim: int | None, framings: int = 1) -> str:
+    """The IVF vector codec regis picks for new indexes of ``dim``-d tokens, ``framings`` framings per image.
+
+    Two framings of 256- to 1023-d tokens (the shipped encoder's): ``PQ{dim/4}x4fsr``, 4-bit fast-scan codes of each
+    token's residual to its IVF centroid, 1 bit per dimension (``fast_scan_pq``; k_factor 2, depth 192:
+    ``default_k_factor``, ``default_depth``). BENCHMARKS.md section 9, run U, the shipped encoder's tokens, two
+    framings, against ``SQ8``: 1M images 3,686 against 8,002 B resident per image, recall@10 0.9973 against 0.9980,
+    p50 24-27 against 29.8 ms (run T); 100k 4,187 against 8,443 B, 0.9993 against 1.0000, 13.4-13.8 against 15.2 ms;
+    10k 7.6 against 12.5 KB, 0.9997 both, 8.9 against 7.0 ms. One framing keeps ``SQ8``: there k_factor 2 lost recall
+    (1M: 0.994 against 0.9987 at 10 against 18 ms, 1.9 against 4.0 KB; k_factor 4: 0.9987 at 13-23 ms).
+
+    Otherwise ``SQ8`` (1 byte per dimension) below ``WIDE_DIM``. From ``WIDE_DIM`` up (EfficientNet-Lite0's 1280-d
+    tokens), ``PQ{dim/2}x4fs``: product quantisation of 2 dimensions per 4-bit code, scanned with FAISS's SIMD fast-scan
     kernels (dim / 4 bytes per vector), searched at depth 192 (``default_depth``). On 100,000 Fashion-MNIST images
     through Lite0 (``IVF4096``, 32 probes, 500 held-out queries in 4-query batches, one thread; ``python -m
     bench.faiss_specs``, BENCHMARKS.md section 3): recall@10 of the exact MaxSim ranking 0.997 against 0.997 for
     SQ8 at depth 64, 3.7 against 13.1 KB of FAISS index per image, search CPU 7.9 against 19.3 ms per query, FAISS
     build 1.8x as long. Only the candidates come from these codes: the rerank scores the stored tokens.
 
-    Not below ``WIDE_DIM`` (issue 24, BENCHMARKS.md section 9): at 256-d, on 100,000 images generated densely
-    around 1,800 real ones (``bench.corpus1m``), ``IVF4096,PQ128x4fs`` kept recall@10 0.78 / 0.86 / 0.91 at depth
-    64 / 128 / 192 against 0.9995 for ``IVF4096,SQ8`` at depth 64 (``python -m bench.search``): with 2
-    dimensions per 4-bit code over 256, the codes cannot order hundreds of close neighbours.
+    Codes of the tokens themselves were worse at 256-d (issue 24, BENCHMARKS.md section 9): on 100,000 images
+    generated densely around 1,800 real ones (``bench.corpus1m``), ``IVF4096,PQ128x4fs`` without re-ranking kept
+    recall@10 0.78 / 0.86 / 0.91 at depth 64 / 128 / 192 against 0.9995 for ``IVF4096,SQ8`` at depth 64
+    (``python -m bench.search``); ``PQ64x4fs`` at 1M, two framings, k_factor 4: 0.981 (run U).
 
     Raises:
         ConfigError: a wide ``dim`` that is odd (no 2-dimension sub-vectors).
     """
-    if dim is None or dim < WIDE_DIM:
+    if dim is None:
+        return SQ8_CODEC
+    if framings >= 2 and dim in RESIDUAL_DIMS and dim % 4 == 0:
+        return f"PQ{dim // 4}x4fsr"
+    if dim < WIDE_DIM:
         return SQ8_CODEC
     if dim % 2:
         raise ConfigError(f"token width {dim} is odd: no fast-scan PQ codec of 2-dimension sub-vectors")
@@ -87,13 +102,14 @@ HNSW_QUANTIZER = "HNSW32_SQfp16"  # that graph: 32 links per centroid, centroids
 MAX_NLIST = 65536  # at most this many lists (two-level training on 39 x 65,536 vectors: 2.6 GB of float32)
 
 
-def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, codec: str | None = None) -> str:
+def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, codec: str | None = None,
+              framings: int = 1) -> str:
     """The FAISS factory spec regis picks for a collection of ``num_images`` images of ``dim``-d tokens.
 
     Up to ``FLAT_MAX_IMAGES`` images: ``Flat`` (exact). Above: ``IVF{nlist},{codec}`` with nlist the power of two
     nearest 4 * sqrt(n) for n token vectors, at least 256; the codec is ``codec`` (an index that grows keeps the
-    codec it was written with) or else ``default_codec(dim)``. Where lists of ~``LIST_VECTORS`` vectors (the power
-    of two nearest n / 256, at most ``MAX_NLIST``) take ``HNSW_QUANTIZER_FROM`` lists or more (n from ~1.48M: 148k
+    codec it was written with) or else ``default_codec(dim, framings)``. Where lists of ~``LIST_VECTORS`` vectors (the
+    power of two nearest n / 256, at most ``MAX_NLIST``) take ``HNSW_QUANTIZER_FROM`` lists or more (n from ~1.48M: 148k
     images of 10 tokens, 75k of 20), those lists instead, found through an HNSW graph over float16 centroids:
     ``IVF{nlist}(HNSW32_SQfp16),{codec}`` (trained by ``train``: two-level clustering). (Until 2026-11-29 the
     switch came where the 4 sqrt(n) rule itself reached 8,192 lists, n ~2.1M: between the two, its 4,096 lists
@@ -131,7 +147,7 @@ def auto_spec(num_images: int, tokens_per_image: int, dim: int | None = None, co
         quantizer = f"({HNSW_QUANTIZER})"
     while 39 * nlist > n_vectors:
         nlist //= 2
-    return f"IVF{nlist}{quantizer},{codec or default_codec(dim)}" if nlist >= 256 else "Flat"
+    return f"IVF{nlist}{quantizer},{codec or default_codec(dim, framings)}" if nlist >= 256 else "Flat"
 
 
 def ivf_nlist(spec: str) -> int | None:

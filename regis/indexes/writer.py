@@ -581,7 +581,8 @@ class IndexWriter:
         # before wide tokens got fast-scan PQ stays SQ8: no rebuild of its FAISS index for that alone)
         codec = self._codec_arg or (self.base.faiss.codec if self.base is not None else None)
         kept_codec = codec or (faiss_index.spec_codec(self.base.faiss.spec) if self.base is not None else None)
-        spec = self.explicit_spec or faiss_index.auto_spec(num_images, self.T, self.D, kept_codec)
+        spec = self.explicit_spec or faiss_index.auto_spec(num_images, self.T, self.D, kept_codec,
+                                                           self.encoder.framings)
         index = self._update_faiss(store, spec)
         if index.ntotal != num_images * self.T:
             raise RuntimeError(f"FAISS holds {index.ntotal} vectors, expected {num_images * self.T}")

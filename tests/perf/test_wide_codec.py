@@ -97,7 +97,7 @@ def test_an_sq8_index_of_wide_tokens_stays_sq8_as_it_grows(tmp_path, tokens, mon
     """An index written before wide tokens got fast-scan PQ (auto spec, SQ8) keeps SQ8 on its next writes,
     even when its size picks another nlist, instead of rebuilding its FAISS index with another codec."""
     path = tmp_path / "old"
-    monkeypatch.setattr(faiss_index, "default_codec", lambda dim: "SQ8")  # the codec choice before
+    monkeypatch.setattr(faiss_index, "default_codec", lambda dim, framings=1: "SQ8")  # the codec choice before
     add(path, tokens[:N])
     monkeypatch.undo()
     assert IndexSnapshot.open(path).manifest.faiss.spec == "IVF512,SQ8"
