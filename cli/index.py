@@ -182,7 +182,8 @@ LARGE_TWO_FRAMING = 250_000  # images from which a build of a two-framing index 
 
 
 def framing_hint(num_images: int, framings: int, spec: str = "", dim: int = 256) -> str | None:
-    """The note a build prints for a large index of two framings per image whose FAISS codes are SQ8, None otherwise.
+    """The note a build prints for a large index of two framings per image whose FAISS codes are SQ8 (new two-framing
+    indexes get ``PQ{D/4}x4fsr`` since 2026-11-29, run U: one made before, or asked for), None otherwise.
 
     With the shipped encoder at 1M images (BENCHMARKS.md section 9, runs T and U), two framings hold 8.0 KB resident
     per image with SQ8 FAISS codes (recall@10 0.998, 30 ms p50 on one thread); with 4-bit FAISS codes of the
