@@ -67,9 +67,7 @@ def profile(index: Path, source: Path, queries: int, k: int) -> dict:
                                        threads=s.search_threads)
         t.append(time.perf_counter())
         if s.k_factor > 1:  # as Searcher._neighbours
-            sims = s.codes.token_sims(x, tok)
-            best = np.argsort(-sims, axis=1, kind="stable")[:, :depth]
-            sims, tok = np.take_along_axis(sims, best, axis=1), np.take_along_axis(tok, best, axis=1)
+            sims, tok = s.best_by_codes(x, tok, depth)
         t.append(time.perf_counter())
         cand = s._live_images(tok.reshape(-1))
         t.append(time.perf_counter())

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import print_machine
+from bench.common import print_machine, recall_at_k
 
 
 def load_vectors(corpus: Path, dim: int) -> np.ndarray:
@@ -76,8 +76,7 @@ def measure(spec: str, db: np.ndarray, queries: np.ndarray, exact_top: np.ndarra
             exact = np.einsum("qd,qkd->qk", queries, db[np.maximum(ids, 0)])
             exact[ids < 0] = -np.inf
             ids = np.take_along_axis(ids, np.argsort(-exact, axis=1)[:, :depth], axis=1)
-        out[f"neighbour_recall_k{kf}"] = float(np.mean([len(np.intersect1d(a, b)) / depth
-                                                        for a, b in zip(ids, exact_top, strict=True)]))
+        out[f"neighbour_recall_k{kf}"] = recall_at_k(ids, exact_top, depth)
     lims, _, found = index.range_search(queries, float(radius), params=params)
     hits = total = 0
     for i, q in enumerate(queries):

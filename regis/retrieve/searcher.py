@@ -175,6 +175,12 @@ class Searcher:
         sims, ids = faiss_index.search(self.snapshot.faiss, query, fetch, nprobe=nprobe, threads=threads)
         if fetch == depth:
             return sims, ids
+        return self.best_by_codes(query, ids, depth)
+
+    def best_by_codes(self, query: np.ndarray, ids: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        """The token re-ranking of ``k_factor``: FAISS's neighbours ``ids`` (q, f) int64 of the query vectors
+        (q, D) scored on the compressed store's codes (``CodeStore.token_sims``), the best ``depth`` of each row
+        kept: (sims, ids), (q, depth) each, descending per row (ties in FAISS's order)."""
         sims = self.codes.token_sims(query, ids)
         best = np.argsort(-sims, axis=1, kind="stable")[:, :depth]
         return np.take_along_axis(sims, best, axis=1), np.take_along_axis(ids, best, axis=1)
