@@ -14,6 +14,23 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a model hub
 
 
+def pytest_configure(config) -> None:
+    """SIGTERM (``kill``, a CI job's timeout) stops the run as Ctrl-C does: Python's default action ends the process
+    at once, so no ``finally`` or fixture teardown runs and the servers, workers and redis-servers that tests start
+    as subprocesses outlive the run; raised as ``KeyboardInterrupt`` in the test that is running, pytest unwinds it
+    and stops (tests/test_conftest_sigterm.py)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def query_bundles(tmp_path_factory) -> Path:
     """Torch-free query encoders (``regis.models.query_bundle``) that searches write go to a folder of this test

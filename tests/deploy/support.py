@@ -113,12 +113,24 @@ class ServerThread:
         self.thread.join(timeout=30)
 
 
+def die_with_parent() -> None:
+    """``preexec_fn`` of a test's child process: the kernel SIGKILLs it when the test process dies, even of SIGKILL
+    (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing). Only the child itself: ``kill`` ends its process group."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def regis_process(args: list[str], env: dict, log: Path) -> subprocess.Popen:
-    """``python -m regis ARGS`` as a child process (its own session), output to ``log``."""
+    """``python -m regis ARGS`` as a child process (its own session, killed if the test process dies: see
+    ``die_with_parent``), output to ``log``."""
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "regis", *args], env=full_env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
 
 
 def kill(proc: subprocess.Popen) -> None:
