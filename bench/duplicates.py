@@ -57,15 +57,24 @@ def collection(real: np.ndarray, n: int, seed: int, k: int = 10) -> np.ndarray:
     return np.concatenate([real, generate(real, nb, 0, n - len(real), seed, 0.0)])
 
 
-def write_index(path: Path, db: np.ndarray) -> dict:
-    """A regis index of ``db`` (writer defaults; distinct SHA-256 per image, no files); returns timings (s)."""
+def _encoder(db: np.ndarray):
+    """The manifest's encoder for ``db`` (N, T, D): the shipped encoder's two framings when T = 20 and D = 256 (a
+    two-framing real index, the default of new CNN indexes: the join scores centre-all), else one framing of T."""
     from bench.data import bench_encoder
+
+    two = db.shape[1:] == (20, 256)
+    return bench_encoder(db.shape[2], db.shape[1], record="servable" if two else "bench")
+
+
+def write_index(path: Path, db: np.ndarray) -> dict:
+    """A regis index of ``db`` (writer defaults; distinct SHA-256 per image, no files; ``_encoder``); returns
+    timings (s)."""
     from regis.indexes.table import ImageRecord
     from regis.indexes.writer import IndexWriter
 
     if path.exists():
         shutil.rmtree(path)
-    config, weights = bench_encoder(db.shape[2], db.shape[1])
+    config, weights = _encoder(db)
     t0 = time.perf_counter()
     with IndexWriter(path, config, weights) as w:
         ids = w.allocate_ids(len(db))
@@ -80,11 +89,10 @@ def write_index(path: Path, db: np.ndarray) -> dict:
 
 def add_images(path: Path, db: np.ndarray) -> float:
     """Commit ``db`` as new images of the index; returns seconds."""
-    from bench.data import bench_encoder
     from regis.indexes.table import ImageRecord
     from regis.indexes.writer import IndexWriter
 
-    config, weights = bench_encoder(db.shape[2], db.shape[1])
+    config, weights = _encoder(db)
     t0 = time.perf_counter()
     with IndexWriter(path, config, weights) as w:  # on the current version: adds
         ids = w.allocate_ids(len(db))

@@ -115,9 +115,10 @@ def make_set(args) -> tuple[LabelledSet, dict[str, str], Path]:
     index = work / "index"
     if not (index / "CURRENT").is_file():
         from indexer.build import BuildOptions, build_index
-        from regis.models.encoder import build_encoder
+        from regis.index_encoder import encoder_for
 
-        encoder = build_encoder(args.backbone)
+        # what `regis index build` gives a new index of this backbone: two framings for a CNN (centre-all join)
+        encoder = encoder_for(None, args.backbone, None, False, None, None, "cpu")
         report = build_index(files, index, encoder, BuildOptions(progress=True, num_workers=args.workers))
         print(f"indexed {report.added} images in {report.total_s:.0f} s", file=sys.stderr)
     return labelled, splits, index

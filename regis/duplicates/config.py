@@ -26,6 +26,9 @@ CANDIDATE_FIELDS = ("floor", "neighbours", "depth", "verify", "verify_floor", "v
 AT_MOST_FIELDS = ("floor", "verify_floor", "prefilter")
 # ... and the ones whose stored value may be higher (None: no ceiling, the highest)
 AT_LEAST_FIELDS = ("verify_ceiling",)
+# how the self-join scores a two-framing index's pairs (``regis.duplicates.selfjoin``): pairs stored by a run that
+# scored otherwise (before 2026-11-29: "centre", the centre crop's tokens on both sides) are searched again
+JOIN_SCORING = "centre-all"
 
 
 class DuplicateConfig(BaseModel):
@@ -137,7 +140,8 @@ class DuplicateConfig(BaseModel):
         version of the geometric verification (``geometry.GEOMETRY_VERSION``)."""
         from regis.duplicates.geometry import GEOMETRY_VERSION
 
-        return {**{name: getattr(self, name) for name in CANDIDATE_FIELDS}, "geometry": GEOMETRY_VERSION}
+        return {**{name: getattr(self, name) for name in CANDIDATE_FIELDS}, "geometry": GEOMETRY_VERSION,
+                "join": JOIN_SCORING}
 
 
 def parse_overrides(items: list[str] | None) -> dict:

@@ -87,16 +87,18 @@ def pair_json(table: PairTable, row: int, relation: int, container: int, config:
 
 
 def explain_pair(snapshot, a: int, b: int) -> dict | None:
-    """The token explanation of a pair both ways, from the stored tokens and buddy patches (no re-encoding), of the
-    tokens the self-join scored: on an index of two framings ("center-crop+aspect") the centre crop's
-    (``regis.duplicates.selfjoin``), whatever the index's ``framing_score``, so each direction's score is the
-    pair's: ``score_per_token`` (MaxSim / T, T the tokens of one framing) equals ``scores`` up to float32 rounding.
+    """The token explanation of a pair both ways, from the stored tokens and buddy patches (no re-encoding), as the
+    self-join scored it: on an index of two framings ("center-crop+aspect") each direction's centre-crop tokens
+    against all of the other image's tokens, in either framing ("centre-all", ``regis.duplicates.selfjoin``),
+    whatever the index's ``framing_score``, so each direction's score is the pair's: ``score_per_token`` (MaxSim /
+    T, T the tokens of one framing) equals ``scores`` up to float32 rounding.
 
     Returns:
         {"a_to_b": explanation of a's tokens against b (``regis.retrieve.explain.explain_tokens``, plus
-        ``score_per_token``), "b_to_a": the reverse, "framing": "crop" on a two-framing index (the framing
-        explained; the other framing's query tokens contribute 0), else null, "a_tokens", "b_tokens": each image's
-        tokens with their boxes}; None when either image is no longer live.
+        ``score_per_token``), "b_to_a": the reverse, "framing": "crop" on a two-framing index (the query framing
+        explained: its T tokens, matched in both of the other image's framings; the other framing's query tokens
+        contribute 0), else null, "a_tokens", "b_tokens": each image's tokens with their boxes}; None when either
+        image is no longer live.
     """
     from regis.retrieve.explain import EncodedImage, explain_tokens, query_json, stored_image
     from regis.scores.explain import FRAMING_NAMES
@@ -105,12 +107,13 @@ def explain_pair(snapshot, a: int, b: int) -> dict | None:
     if sa is None or sb is None:
         return None
     config = snapshot.manifest.encoder
-    joined = 0 if config.framings > 1 else None  # the self-join's framing: the centre crop
+    two = config.framings > 1  # the self-join's query framing: the centre crop, against every token
     per = config.tokens_per_framing  # T of the pair's scores (S / T): one framing's tokens
     ta, tb = sa.tokens.astype(np.float32), sb.tokens.astype(np.float32)
-    out = {"a_to_b": explain_tokens(config, ta, tb, sb.buddies, sb.grid, sb.width, sb.height, framing=joined),
-           "b_to_a": explain_tokens(config, tb, ta, sa.buddies, sa.grid, sa.width, sa.height, framing=joined),
-           "framing": None if joined is None else FRAMING_NAMES[joined]}
+    qa, qb = (ta[:per], tb[:per]) if two else (ta, tb)
+    out = {"a_to_b": explain_tokens(config, qa, tb, sb.buddies, sb.grid, sb.width, sb.height, across=two),
+           "b_to_a": explain_tokens(config, qb, ta, sa.buddies, sa.grid, sa.width, sa.height, across=two),
+           "framing": FRAMING_NAMES[0] if two else None}
     for key in ("a_to_b", "b_to_a"):
         out[key]["score_per_token"] = out[key]["score"] / per
     for key, s, t in (("a_tokens", sa, ta), ("b_tokens", sb, tb)):

@@ -7,11 +7,16 @@ gives the query-token x candidate-token cosines: the max over the candidate's to
 S(q, c), the max over the query's tokens summed over the candidate's is S(c, q); METHODS.md section 1). A pair is
 kept when S / T reaches ``floor`` in either direction; each query keeps its ``neighbours`` best.
 
-An index of two framings per image ("center-crop+aspect", 2T tokens an image) is joined on its first framing, the
-centre crop: T tokens an image are the queries and are scored, as in the single-framing indexes the relation
-thresholds were calibrated on (docs/DUPLICATES.md). FAISS holds both framings' tokens, so a query token's nearest
-tokens include aspect-framing ones (its own image's among them): the depth is per framing (``depth`` x framings
-neighbours are fetched), and an aspect token's image is a candidate like any other.
+An index of two framings per image ("center-crop+aspect", 2T tokens an image: the default of new CNN indexes, on
+which the relation thresholds are calibrated, docs/DUPLICATES.md) scores each direction on the centre crop's T tokens
+of one image matched against all 2T tokens of the other ("centre-all"): S(a, b) = sum over a's centre-crop tokens of
+the best of b's tokens in either framing. A crop from the side of a landscape photo (or the end of a portrait) is
+largely cut off by that photo's centre crop; its whole-image tokens still hold it (at equal numbers of unrelated
+pairs let through, 1.7-2.4 % more of the labelled set's crop pairs reach the floor or gate than with centre-crop tokens
+on both sides: ``python -m bench.duplicates_framings``). Only the centre crop's tokens search FAISS; FAISS holds both
+framings' tokens, so a query token's nearest tokens include aspect-framing ones (its own image's among them): the
+depth is per framing (``depth`` x framings neighbours are fetched), and an aspect token's image is a candidate like
+any other. An index of one framing scores its T tokens both ways, as before.
 
 A pair is found when one of the query's tokens has one of the other image's tokens among its ``depth`` nearest:
 near-duplicates share near-identical tokens, so a shallow depth finds them, unless more than ``depth`` images share
@@ -82,7 +87,7 @@ class CandidatePairs:
         return cls(a[first], b[first], s_ab[first], s_ba[first])
 
 
-def both_ways(query: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def both_ways(query: np.ndarray, docs: np.ndarray, scored: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """MaxSim of a query against documents, and of each document against the query, from one product.
 
     NumPy, not torch: these products are small (T x c*T'), and threads cost more than they compute on them;
@@ -93,13 +98,18 @@ def both_ways(query: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarr
     Args:
         query: (T, D) float32 tokens.
         docs: (c, T', D) float tokens (float16 is upcast).
+        scored: only the first ``scored`` tokens of each side are scored, each against all of the other side's
+            tokens (a two-framing index's centre crop against both framings: "centre-all", module docstring);
+            None: every token.
 
     Returns:
-        forward (c,) S(query, doc) and reverse (c,) S(doc, query), float32.
+        forward (c,) S(query, doc) and reverse (c,) S(doc, query), float32 (sums over the scored tokens).
     """
     c, t, d = docs.shape
     sims = (query @ docs.reshape(-1, d).astype(np.float32, copy=False).T).reshape(query.shape[0], c, t)
-    return maxsim_terms(sims), sims.max(axis=0).sum(axis=1)
+    if scored is None:
+        return maxsim_terms(sims), sims.max(axis=0).sum(axis=1)
+    return maxsim_terms(sims[:scored]), sims[:, :, :scored].max(axis=0).sum(axis=1)
 
 
 class _Join:
@@ -110,7 +120,8 @@ class _Join:
         self.snapshot = snapshot
         self.store = snapshot.store
         self.per_id = snapshot.manifest.tokens_per_image  # FAISS token ids per image (owner = token id // per_id)
-        self.T = snapshot.manifest.encoder.tokens_per_framing  # tokens joined: the first framing's
+        self.T = snapshot.manifest.encoder.tokens_per_framing  # tokens scored: the first framing's
+        self.width = self.store.tokens_per_image  # tokens read: every framing's (centre-all)
         self.floor = floor
         self.neighbours = neighbours
         self.depth = depth
@@ -129,7 +140,7 @@ class _Join:
     def score(self, query: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if len(ids) == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        fwd, rev = both_ways(query, self.store.get(ids, self.T))
+        fwd, rev = both_ways(query, self.store.get(ids, self.width), self.T)
         return fwd / self.T, rev / self.T
 
     def one(self, image_id: int, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray) -> CandidatePairs:
@@ -148,7 +159,7 @@ class _Join:
             tails, full = cands.list_tails(sims, token_ids)
             which, radius = cands.range_radius(tails, full, theta)
         if len(which):
-            found = cands.range_tokens(self.snapshot.faiss, query[which], radius, nprobe=self.nprobe,
+            found = cands.range_tokens(self.snapshot.faiss, query[:self.T][which], radius, nprobe=self.nprobe,
                                        threads=self.threads)
             extra = np.setdiff1d(self.owners(found), np.append(cand, image_id))
             self.scored += len(extra)
@@ -172,13 +183,13 @@ class _Join:
         of every query at once (``vectorised``), or image by image with ``complete`` (its range search is per
         image)."""
         t0 = time.perf_counter()
-        tokens = self.store.get(ids, self.T).astype(np.float32)
-        b, t, d = tokens.shape
+        tokens = self.store.get(ids, self.width).astype(np.float32)  # (b, W, D): every framing's
+        b, t, d = tokens.shape[0], self.T, tokens.shape[2]
         if self.snapshot.faiss.ntotal == 0:
             return []
         depth = min(self.depth, int(self.snapshot.faiss.ntotal))
-        sims, token_ids = faiss_index.search(self.snapshot.faiss, tokens.reshape(b * t, d), depth,
-                                             nprobe=self.nprobe, threads=self.threads)
+        sims, token_ids = faiss_index.search(self.snapshot.faiss, np.ascontiguousarray(tokens[:, :t]).reshape(b * t, d),
+                                             depth, nprobe=self.nprobe, threads=self.threads)  # the centre crop's
         self.spent["search"] += time.perf_counter() - t0
         if not self.per_image:
             return [self.vectorised(ids, tokens, token_ids.reshape(b, t * depth))]
@@ -195,15 +206,15 @@ class _Join:
         ``neighbours`` cut vectorised (ties kept in the same order: by candidate id).
 
         Args:
-            ids: (b,) int64 query image ids; tokens: (b, T, D) float32 their tokens; token_ids: (b, T * depth)
-                int64 FAISS token ids of their neighbours (-1: none).
+            ids: (b,) int64 query image ids; tokens: (b, W, D) float32 their tokens (every framing's, the centre
+                crop's T first); token_ids: (b, T * depth) int64 FAISS token ids of their neighbours (-1: none).
 
         Returns:
             ``CandidatePairs`` of the batch (a < b; a pair found from both of its images appears twice, as with
             ``one``: ``CandidatePairs.concat`` keeps one).
         """
         t0 = time.perf_counter()
-        b, t, d = tokens.shape
+        b = tokens.shape[0]
         owner = np.where(token_ids >= 0, token_ids // self.per_id, -1)
         query = np.repeat(np.arange(b, dtype=np.int64), owner.shape[1])
         owner = owner.reshape(-1)
@@ -219,7 +230,7 @@ class _Join:
             return CandidatePairs.empty()
         t1 = time.perf_counter()
         union, pos = np.unique(cand, return_inverse=True)
-        docs = self.store.get(union, self.T)  # (u, T, D) float16, read once for the batch (the centre crop's rows only)
+        docs = self.store.get(union, self.width)  # (u, W, D) float16, read once for the batch
         self.spent["fetch"] += time.perf_counter() - t1
         t2 = time.perf_counter()
         fwd = np.empty(len(cand), np.float32)
@@ -228,7 +239,7 @@ class _Join:
         for i in range(b):
             lo, hi = bounds[i], bounds[i + 1]
             if hi > lo:
-                fwd[lo:hi], rev[lo:hi] = both_ways(tokens[i], docs[pos[lo:hi]])
+                fwd[lo:hi], rev[lo:hi] = both_ways(tokens[i], docs[pos[lo:hi]], self.T)
         fwd /= self.T
         rev /= self.T
         self.spent["score"] += time.perf_counter() - t2

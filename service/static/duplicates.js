@@ -350,7 +350,7 @@ function openCompare(pair, group, index) {
 
 // The framing a two-framing index's pair was compared on (``explanation.framing``), in words.
 const FRAMING_WORDS = {
-  crop: "the centre crop (the central square of each image)",
+  crop: "each image's centre crop (its central square), matched in the whole of the other image",
   whole: "the whole image",
 };
 /** Whether query token ``m`` of an explanation counts towards the pair's score: on an index of two framings only the
@@ -400,8 +400,8 @@ async function showTokens() {
   if (ex.framing) {
     const words = FRAMING_WORDS[ex.framing] || `the ${ex.framing} framing`;
     $("cmpFacts").append(el("tr", { id: "cmpFraming" }, el("td", { class: "muted" }, "token matches"),
-      el("td", {}, `compared on ${words}: the framing the pair's scores come from; the other framing's tokens are ` +
-        "not part of them and are not drawn")));
+      el("td", {}, `compared on ${words}: the tokens the pair's scores come from; the other framing's tokens of ` +
+        "the image on the left are not part of them and are not drawn")));
   }
 }
 $("tokensBtn").addEventListener("click", showTokens);

@@ -311,9 +311,10 @@ def server_two_framings(library, tmp_path_factory):
 
 @pytest.mark.heavy  # its own two-framing index and self-join: 16 s here (load 7.6), 36 s run alone
 def test_a_two_framing_comparison_draws_only_the_centre_crop_tokens(browser, server_two_framings, tmp_path):
-    """On a two-framing index a pair is scored on the centre crop (``regis.duplicates.report.explain_pair``:
-    ``explanation.framing`` "crop", the whole image's tokens contribute 0): the side-by-side comparison draws a box
-    for the crop framing's tokens only, each where the explanation puts it, and says so in words."""
+    """On a two-framing index a pair is scored on each image's centre crop against all of the other's tokens
+    (``regis.duplicates.report.explain_pair``: ``explanation.framing`` "crop", the whole image's query tokens do not
+    score): the side-by-side comparison draws a box for the crop framing's tokens only, each where the explanation
+    puts it (in either framing of the other image), and says so in words."""
     url, ids = server_two_framings
     cat, edited = ids["cat.jpg"], ids["cat-edited.jpg"]
     page = browser.new_page(viewport={"width": 1200, "height": 1100})
@@ -337,7 +338,7 @@ def test_a_two_framing_comparison_draws_only_the_centre_crop_tokens(browser, ser
         per = len(ex["a_tokens"]) // 2  # the crop framing's tokens: the first half
         boxed = [m for m in ex["a_to_b"]["matches"] if ex["a_tokens"][m["query_token"]]["box"] and m["result_box"]]
         crop = [m for m in boxed if m["query_token"] < per]
-        assert crop and len(crop) < len(boxed)  # both framings have boxed tokens: the whole image's are left out
+        assert crop and crop == boxed  # the crop framing's tokens alone are the queries
 
         def drawn(svg: str) -> list[float]:  # every drawn box's x, y, width, height, one after the other
             return page.evaluate(f"[...document.querySelectorAll('#{svg} rect')].flatMap(r => "
@@ -349,7 +350,7 @@ def test_a_two_framing_comparison_draws_only_the_centre_crop_tokens(browser, ser
         assert page.locator("#aSvg rect").count() == len(crop) == page.locator("#bSvg rect").count()
         assert drawn("aSvg") == pytest.approx(rects([ex["a_tokens"][m["query_token"]]["box"] for m in crop]))
         assert drawn("bSvg") == pytest.approx(rects([m["result_box"] for m in crop]))
-        assert "compared on the centre crop" in page.inner_text("#cmpFraming")
+        assert "compared on each image's centre crop" in page.inner_text("#cmpFraming")
         _screenshot(page.locator("#compare"), tmp_path / "duplicates-compare-two-framings.png")
     finally:
         page.close()
