@@ -87,7 +87,7 @@ class CandidatePairs:
         return cls(a[first], b[first], s_ab[first], s_ba[first])
 
 
-def both_ways(query: np.ndarray, docs: np.ndarray, scored: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def both_ways(query: np.ndarray, docs: np.ndarray, scored: int) -> tuple[np.ndarray, np.ndarray]:
     """MaxSim of a query against documents, and of each document against the query, from one product.
 
     NumPy, not torch: these products are small (T x c*T'), and threads cost more than they compute on them;
@@ -98,17 +98,15 @@ def both_ways(query: np.ndarray, docs: np.ndarray, scored: int | None = None) ->
     Args:
         query: (T, D) float32 tokens.
         docs: (c, T', D) float tokens (float16 is upcast).
-        scored: only the first ``scored`` tokens of each side are scored, each against all of the other side's
-            tokens (a two-framing index's centre crop against both framings: "centre-all", module docstring);
-            None: every token.
+        scored: the first ``scored`` tokens of each side are scored, each against all of the other side's tokens
+            (T: a two-framing index's centre crop against both framings, "centre-all", module docstring; on an
+            index of one framing every token).
 
     Returns:
         forward (c,) S(query, doc) and reverse (c,) S(doc, query), float32 (sums over the scored tokens).
     """
     c, t, d = docs.shape
     sims = (query @ docs.reshape(-1, d).astype(np.float32, copy=False).T).reshape(query.shape[0], c, t)
-    if scored is None:
-        return maxsim_terms(sims), sims.max(axis=0).sum(axis=1)
     return maxsim_terms(sims[:scored]), sims[:, :, :scored].max(axis=0).sum(axis=1)
 
 

@@ -135,8 +135,7 @@ def query_json(config: EncoderConfig, query: EncodedImage) -> dict:
 
 
 def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, buddies: np.ndarray | None,
-                   grid: tuple[int, int] | None, width: int, height: int, framing: int | None = None,
-                   across: bool = False) -> dict:
+                   grid: tuple[int, int] | None, width: int, height: int, across: bool = False) -> dict:
     """The explanation of one result: its MaxSim score term by term (``regis.scores.explain.token_matches``).
 
     Args:
@@ -145,28 +144,25 @@ def explain_tokens(config: EncoderConfig, query: np.ndarray, doc: np.ndarray, bu
         doc: (T, D) the result's tokens as the rerank scored them (float16 from the store).
         buddies: (R + 1,) the result's buddy patches (-1: unknown) or None; grid: their (h, w) grid.
         width, height: the result image's size, pixels.
-        framing: on an index of two framings, the one to explain whatever the index's ``framing_score`` ("best"
-            or "union"): its MaxSim is the score (0: the centre crop, which the duplicates self-join scores;
-            ``regis.duplicates.report.explain_pair``); None: the score a search gives.
         across: ``query`` is the first framing's tokens of an image (the centre crop's T) and each matches the
             best of all the result's tokens, in either framing: the duplicates self-join's "centre-all" score
-            (``regis.duplicates.selfjoin``); ``framing`` is then ignored and the answer has no "framing".
+            (``regis.duplicates.selfjoin``, ``regis.duplicates.report.explain_pair``); the answer has no "framing".
+            False: the score a search gives.
 
-    Two framings scored apart (``config.score_framings``, or ``framing`` given): each query token matches the
-    result's tokens of its own framing; ``framing`` in the answer names the one whose MaxSim is the score (its query
-    tokens alone contribute) and ``framing_scores`` gives both.
+    Two framings scored apart (``config.score_framings``, a search's): each query token matches the result's tokens
+    of its own framing; ``framing`` in the answer names the one whose MaxSim is the score (its query tokens alone
+    contribute) and ``framing_scores`` gives both.
 
     Raises:
-        ConfigError: token shapes that do not fit (``regis.scores.explain.token_matches``); a ``framing`` past
-            a two-framing index's two (on an index of one framing it is ignored).
+        ConfigError: token shapes that do not fit (``regis.scores.explain.token_matches``).
     """
     if across:
         framings = 1
         m = token_matches(query, doc)
         qnames = token_names(config.num_registers, len(query) * config.framings, config.framings)[:len(query)]
     else:
-        framings = config.framings if framing is not None and config.framings > 1 else config.score_framings
-        m = token_matches(query, doc, framings, framing if framings > 1 else None)
+        framings = config.score_framings
+        m = token_matches(query, doc, framings)
         qnames = token_names(config.num_registers, len(query), config.framings)
     dnames = token_names(config.num_registers, len(doc), config.framings)
     matches = []

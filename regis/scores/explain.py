@@ -60,7 +60,7 @@ class TokenMatches:
     framing_scores: np.ndarray | None = None
 
 
-def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1, framing: int | None = None) -> TokenMatches:
+def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1) -> TokenMatches:
     """Explain MaxSim(query, doc) term by term.
 
     Args:
@@ -70,24 +70,19 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1, framing
             (``EncoderConfig.score_framings``; ``regis.scores.framings.framing_blocks``): a query token matches only
             the result's tokens of its own framing (the others' similarities are -inf to it), the score is the
             best framing's MaxSim, and only that framing's query tokens contribute (the others: 0).
-        framing: with ``framings`` > 1, the framing whose MaxSim is the score whichever is larger (0: the first;
-            the duplicates self-join scores the centre crop only, ``regis.duplicates.report.explain_pair``); None:
-            the better one.
 
     Returns:
         ``TokenMatches``; its ``score`` equals the search's MaxSim score up to float32 summation order.
 
     Raises:
         ConfigError: shapes that are not (m, D) and (n, D) with the same D, an empty side, or token counts that
-            do not split into ``framings``, or a ``framing`` outside 0 .. framings - 1.
+            do not split into ``framings``.
     """
     query = np.asarray(query, dtype=np.float32)
     doc = np.asarray(doc, dtype=np.float32)
     if query.ndim != 2 or doc.ndim != 2 or query.shape[1] != doc.shape[1] or not len(query) or not len(doc):
         raise ConfigError(f"need (m, D) query and (n, D) result tokens, got {query.shape} and {doc.shape}")
     mf, nf = framing_split(len(query), len(doc), framings)
-    if framing is not None and not 0 <= framing < framings:
-        raise ConfigError(f"framing {framing} is not one of the {framings} framings")
     sims = query @ doc.T
     qf = np.arange(len(query)) // mf  # each token's framing
     df = np.arange(len(doc)) // nf
@@ -95,7 +90,7 @@ def token_matches(query: np.ndarray, doc: np.ndarray, framings: int = 1, framing
     best = sims.argmax(axis=1)
     similarity = sims[np.arange(len(query)), best]
     per = np.array([similarity[qf == f].sum(dtype=np.float64) for f in range(framings)])
-    framing = int(per.argmax()) if framing is None else int(framing)
+    framing = int(per.argmax())
     contribution = np.where(qf == framing, similarity, 0.0).astype(np.float32)
     score = float(contribution.sum(dtype=np.float64))
     share = contribution / score if score != 0 else np.zeros_like(contribution)
