@@ -54,10 +54,11 @@ def machine_cpus() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
-def _die_with_parent() -> None:
-    """``preexec_fn`` of a node: SIGTERM when the thread that started it dies (Linux; elsewhere nothing)."""
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """``preexec_fn`` of a child process (a node: SIGTERM, the default; the tests' servers: SIGKILL): the kernel
+    sends it ``signum`` when the thread that started it dies (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -155,7 +156,7 @@ class LocalRayCluster:
                                  "--object-store-memory", str(self.object_store_bytes), "--disable-usage-stats",
                                  *ports, *args],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
         log.close()
         self.nodes.append(proc)
         return proc

@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from cluster.local import die_with_parent as parent_death  # imported here: preexec_fn runs in the forked child
+
 REDIS_SERVER = shutil.which("redis-server")
 TINY = {"backbone": "vit-tiny-reg4-test", "random_init": True}
 
@@ -115,13 +117,8 @@ class ServerThread:
 
 def die_with_parent() -> None:
     """``preexec_fn`` of a test's child process: the kernel SIGKILLs it when the test process dies, even of SIGKILL
-    (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing). Only the child itself: ``kill`` ends its process group."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    (``cluster.local.die_with_parent``). Only the child itself: ``kill`` ends its process group."""
+    parent_death(signal.SIGKILL)
 
 
 def regis_process(args: list[str], env: dict, log: Path) -> subprocess.Popen:
