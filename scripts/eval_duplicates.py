@@ -6,8 +6,9 @@ edited copy of one), or, for 2 in 3 of the small object photos, a single unrelat
 of issue 22 (``regis photos --source debian``: 135 scenes, 411 object photos, split by photo into train / val /
 test), or the 21 photos bundled with scikit-image, scikit-learn and matplotlib (+ scikit-image's real stereo pair).
 
-The set is indexed with the default encoder, and ``regis.duplicates`` runs on it once with a low floor (0.30,
-32 neighbours), keeping every candidate pair's evidence; thresholds are then applied to that table:
+The set is indexed with the default encoder, and ``regis.duplicates`` runs on it once with a low floor (0.30; each
+image keeps its 16 best pairs, as a shipped run does), keeping every candidate pair's evidence; thresholds are then
+applied to that table:
 
 - ``--calibrate``: fit the thresholds on the calibration split (Debian train + val photos) by a grid search: the
   highest edited-copy recall + crop-direction accuracy with edited-copy precision >= 0.995 and at most 0.5 % of
@@ -53,7 +54,10 @@ from regis.duplicates.groups import group_pairs  # noqa: E402
 from regis.duplicates.store import PairTable  # noqa: E402
 
 RUN_FLOOR = 0.30  # the evaluation run keeps every pair above this; thresholds then filter
-RUN_NEIGHBOURS = 32
+# the run keeps each image's best `neighbours` pairs as a shipped run does (DuplicateConfig's default, 16; the
+# calibration does not vary it): its best pairs above RUN_FLOOR are its best above any higher floor. Until
+# 2026-11-29 (night) the run kept 32, so the figures counted candidate pairs a shipped run never has
+RUN_NEIGHBOURS = DuplicateConfig().neighbours
 LABELS = {"exact": 0, "edited": 1, "crop": 2, "scene": 3, "overlap": 4, "unrelated": 5, "ambiguous": 6}
 MAX_PRECISION_LOSS = 0.005  # calibration: edited-copy precision >= 1 - this ...
 MAX_SCENE_AS_COPY = 0.005  # ... and at most this fraction of same-scene pairs called duplicates
