@@ -9,6 +9,10 @@ gate keeps only its token scores, as a run with that gate would leave it):
 - ``best_token``: the highest cosine between any token of one image and any token of the other (the self-join's
   scoring computes every such cosine; first framing's tokens, as the join);
 - ``s_hi``: the shipped gate's score, max(S(a, b), S(b, a)) / T, for reference;
+- ``relative_k<k>``: the shipped score less a background level of the pair's images (hubness correction, as CSLS
+  of Conneau et al. 2018 does for nearest neighbours): s_hi - min(r_a, r_b), where r_x is the k-th best s_hi among
+  image x's candidate pairs above the floor (the floor when it has fewer), from the stored run's own pairs: an
+  image that resembles everything (sky, foliage) needs a higher score before its pairs are verified;
 - ``template_side``: the template search only for pairs whose smaller image's longest side is below a size
   (ORB works at ``verify_side`` = 640 px; the template search exists for crops of small images, which ORB misses
   once they are enlarged to that side).
@@ -21,6 +25,7 @@ verified (or template-searched), and the test split's figures at the threshold t
 Usage::
 
     python -m bench.duplicates_gate --work /work/cache/dup-eval --json docs/results/duplicates/gates.json
+    python -m bench.duplicates_gate --work /work/cache/dup-eval-n16 --json docs/results/duplicates/gates-relative.json
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import numpy as np
 
 BEST_TOKEN = [None, 0.60, 0.65, 0.70, 0.75, 0.78, 0.80, 0.82, 0.84, 0.86, 0.88, 0.90]
 S_HI = [None, 0.40, 0.45, 0.50, 0.55, 0.60]
+RELATIVE_K = [8, 12, 16]
+RELATIVE = [None, -0.02, 0.0, 0.02, 0.05]
 TEMPLATE_SIDE = [None, 1024, 800, 640, 480, 400, 320]
 
 
@@ -47,6 +54,20 @@ def best_token(snapshot, a: np.ndarray, b: np.ndarray, tokens: int) -> np.ndarra
     for k, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
         out[k] = float((toks[row[x]] @ toks[row[y]].T).max())
     return out
+
+
+def background(table, floor: float, k: int) -> dict[int, float]:
+    """image id -> the k-th best max(S(a, b), S(b, a)) / T among its pairs in ``table`` at or above ``floor``
+    (``floor`` when it has fewer than k)."""
+    s = np.maximum(table.s_ab, table.s_ba)
+    keep = s >= floor
+    ends = np.concatenate([table.a[keep], table.b[keep]])
+    score = np.concatenate([s[keep], s[keep]])
+    order = np.lexsort((-score, ends))
+    ends, score = ends[order], score[order]
+    ids, start, count = np.unique(ends, return_index=True, return_counts=True)
+    return {int(i): float(score[s0 + k - 1]) if c >= k else floor
+            for i, s0, c in zip(ids.tolist(), start.tolist(), count.tolist(), strict=True)}
 
 
 def gated(ev, verify_mask: np.ndarray | None = None, locate_mask: np.ndarray | None = None):
@@ -90,6 +111,11 @@ def main() -> None:
         ev = ev_mod.evaluation(labelled, splits, snapshot, stored.table, split)
         t = ev.table
         feats = {"best_token": best_token(snapshot, t.a, t.b, tokens), "s_hi": np.maximum(t.s_ab, t.s_ba)}
+        for k in RELATIVE_K:
+            r = background(stored.table, cfg.floor, k)
+            ra = np.array([r.get(int(x), cfg.floor) for x in t.a])
+            rb = np.array([r.get(int(x), cfg.floor) for x in t.b])
+            feats[f"relative_k{k}"] = feats["s_hi"] - np.minimum(ra, rb)
         small_side = np.minimum([long_side[int(x)] for x in t.a], [long_side[int(x)] for x in t.b])
         cand = (np.maximum(t.s_ab, t.s_ba) >= cfg.floor) & ~t.exact
         base_verify = np.zeros(len(t), dtype=bool)
@@ -102,7 +128,8 @@ def main() -> None:
             "objective": ev_mod._score(ev, cfg, ev_mod.MIN_CROP_PRECISION),
             "verified_share": float(base_verify.sum() / max(1, cand.sum())),
             "searched_share": float(searched.sum() / max(1, cand.sum()))}}
-        for name, grid in (("best_token", BEST_TOKEN), ("s_hi", S_HI)):
+        grids = [("best_token", BEST_TOKEN), ("s_hi", S_HI)] + [(f"relative_k{k}", RELATIVE) for k in RELATIVE_K]
+        for name, grid in grids:
             rows = []
             for thr in grid:
                 mask = np.ones(len(t), dtype=bool) if thr is None else feats[name] >= thr
@@ -129,7 +156,7 @@ def main() -> None:
         res["small_side_px_quartiles"] = np.percentile(small_side[cand], [25, 50, 75]).tolist()
         out["splits"][split] = res
         print(f"[{split}] shipped {res['shipped']}", file=sys.stderr)
-        for name in ("best_token", "s_hi", "template_side"):
+        for name in [g for g, _ in grids] + ["template_side"]:
             for r in res[name]:
                 print(f"  {name} {json.dumps(r, default=float)}", file=sys.stderr)
     if args.json:

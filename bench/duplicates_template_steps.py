@@ -2,11 +2,12 @@
 
 ``template.locate`` searches each direction at ``STEPS`` (20) scales at half size, then the 3 best at full size;
 the half-size pass is about three quarters of its CPU. This script searches again, with fewer half-size scales
-(``--steps``; ``spread``: each refined scale also half a coarse step either side), every pair the stored run of
-``scripts/eval_duplicates.py`` searched, puts the new peaks and windows in a copy of the stored evidence, and
-measures every target of both splits with the shipped thresholds (``eval_duplicates.measure``), beside the
-stored search's; the CPU time per pair (one thread, process time) of each variant and of the shipped search,
-alternated pair by pair on a sample.
+(``--variants``; ``s``: each refined scale also half a coarse step either side; ``pN``: every scale at quarter
+size first, only its N best at half size; ``r``: full size only where the peak before nears the rule), every
+pair the stored run of ``scripts/eval_duplicates.py`` searched, puts the new peaks and windows in a copy of the
+stored evidence, and measures every target of both splits with the shipped thresholds
+(``eval_duplicates.measure``), beside the stored search's; the CPU time per pair (one thread, process time) of
+each variant and of the shipped search, alternated pair by pair on a sample.
 
 Usage::
 
@@ -25,13 +26,18 @@ from pathlib import Path
 import numpy as np
 
 
-def parse_variant(text: str) -> tuple[int, bool]:
-    """"10s" -> (10, True): half-size scales, and whether refined scales spread half a step either side."""
-    spread = text.endswith("s")
-    steps = int(text[:-1] if spread else text)
-    if steps < 2:
-        raise SystemExit(f"--variants: {text!r} needs at least 2 scales")
-    return steps, spread
+def parse_variant(text: str) -> tuple[int, bool, int | None, bool]:
+    """"10s" -> (10, True, None, False): half-size scales, and whether refined scales spread half a step either
+    side; "20p5" -> (20, False, 5, False): every scale at quarter size, the 5 best of them at half size
+    (``locate(pyramid=)``); a trailing "r": a direction is searched at full size only when its peak before
+    reaches ``template_ncc`` - ``template.REFINE_BELOW_RULE`` (``locate(refine_from=)``)."""
+    quick = text.endswith("r")
+    head, _, keep = (text[:-1] if quick else text).partition("p")
+    spread = head.endswith("s")
+    steps = int(head[:-1] if spread else head)
+    if steps < 2 or (keep and int(keep) < 1):
+        raise SystemExit(f"--variants: {text!r} needs at least 2 scales (and 1 kept)")
+    return steps, spread, int(keep) if keep else None, quick
 
 
 def main() -> None:
@@ -48,7 +54,7 @@ def main() -> None:
     from bench.common import machine_info
     from bench.duplicates_labelled import stored_run
     from regis.duplicates.geometry import load_gray
-    from regis.duplicates.template import STEPS, locate, thumbnail
+    from regis.duplicates.template import REFINE_BELOW_RULE, STEPS, locate, thumbnail
 
     cv2.setNumThreads(1)
     run = stored_run(args.work, args.corpus)
@@ -69,18 +75,21 @@ def main() -> None:
     out["stored"] = {s: _summary(m) for s, m in base.items()}
     sample = np.random.default_rng(0).choice(rows, size=min(args.timing_sample, len(rows)), replace=False)
     cpu = {"stored": 0.0}
-    for steps, spread in variants:
-        name = f"{steps}{'s' if spread else ''}"
+    names = [v for v in args.variants.split(",")]
+    refine = cfg.template_ncc - REFINE_BELOW_RULE
+    for name, (steps, spread, keep, quick) in zip(names, variants, strict=True):
         cpu[name] = 0.0
         t = table.take(np.ones(len(table), dtype=bool))
         for r in rows.tolist():
-            loc = locate(thumbs[int(t.a[r])], thumbs[int(t.b[r])], steps=steps, spread=spread)
+            loc = locate(thumbs[int(t.a[r])], thumbs[int(t.b[r])], steps=steps, spread=spread, pyramid=keep,
+                         refine_from=refine if quick else None)
             t.ncc_ab[r], t.ncc_ba[r], t.box[r] = loc.ncc_ab, loc.ncc_ba, loc.box
         got = {s: ev_mod.measure(ev_mod.evaluation(labelled, splits, snapshot, t, s), cfg)
                for s in ("calibration", "test")}
         changed = int((np.abs(t.ncc_ab[rows] - table.ncc_ab[rows]) > 1e-6).sum()
                       + (np.abs(t.ncc_ba[rows] - table.ncc_ba[rows]) > 1e-6).sum())
-        out["variants"][name] = {"steps": steps, "spread": spread, "peaks_changed": changed,
+        out["variants"][name] = {"steps": steps, "spread": spread, "pyramid": keep,
+                                 "refine_from": refine if quick else None, "peaks_changed": changed,
                                  "splits": {s: _summary(m) for s, m in got.items()}}
         print(f"{name}: {json.dumps(out['variants'][name], default=float)}", file=sys.stderr)
     for r in sample.tolist():  # alternated pair by pair, so load changes fall on every variant alike
@@ -88,10 +97,10 @@ def main() -> None:
         t0 = time.process_time()
         locate(a, b, steps=STEPS)
         cpu["stored"] += time.process_time() - t0
-        for steps, spread in variants:
+        for name, (steps, spread, keep, quick) in zip(names, variants, strict=True):
             t0 = time.process_time()
-            locate(a, b, steps=steps, spread=spread)
-            cpu[f"{steps}{'s' if spread else ''}"] += time.process_time() - t0
+            locate(a, b, steps=steps, spread=spread, pyramid=keep, refine_from=refine if quick else None)
+            cpu[name] += time.process_time() - t0
     out["cpu_ms_per_pair"] = {k: 1e3 * v / max(1, len(sample)) for k, v in cpu.items()}
     out["timed_pairs"] = int(len(sample))
     print(json.dumps({k: v for k, v in out.items() if k != "variants"}, indent=1, default=float), file=sys.stderr)

@@ -430,6 +430,24 @@ def _relation_of_shots(photos_dir, name: str, shift: float) -> str:
     return rel.NAMES.get(int(rel.classify(t, shipped_calibration(DEFAULT_BACKBONE))[0][0]), "none")
 
 
+def test_verify_pair_uses_the_matcher_it_is_given(photos_dir):
+    from regis.duplicates.geometry import nearest_two, verify_pair
+
+    photo, crop = _small_photo_and_crop(photos_dir, "skimage-chelsea.png", (0.1, 0.1, 0.9, 0.9), 1.0)
+    exact = verify_pair(crop, photo)
+    assert exact is not None and exact.inliers >= 50
+    calls = []
+
+    def spy(a, b, ratio):
+        calls.append((len(a), len(b), ratio))
+        return nearest_two(a, b, ratio)
+
+    same = verify_pair(crop, photo, match=spy)
+    assert calls == [(len(crop.descriptors), len(photo.descriptors), 0.8)] and same.inliers == exact.inliers
+    none = verify_pair(crop, photo, match=lambda a, b, ratio: (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    assert none is None  # no matches: no homography
+
+
 @pytest.mark.parametrize("name", ["skimage-coffee.png", "skimage-chelsea.png"])
 def test_a_moved_camera_shot_is_the_same_scene(photos_dir, name):
     assert _relation_of_shots(photos_dir, name, 0.20) == "same_scene"
@@ -562,6 +580,10 @@ def test_template_search_finds_a_small_crop_and_its_container(photos_dir, name):
     assert quick.ncc_ba < 0.7 or quick.ncc_ba == found.ncc_ba
     low = locate(crop.thumb, other.thumb, refine_from=1.01)  # nothing refined: half-size peaks only
     assert max(low.ncc_ab, low.ncc_ba) < 0.8 and (low.ncc_ab, low.ncc_ba) != (unrelated.ncc_ab, unrelated.ncc_ba)
+    # a quarter-size first pass keeping 3 scales (measured, not shipped) finds the same window
+    pyramid = locate(crop.thumb, photo.thumb, pyramid=3)
+    assert pyramid.ncc_ab >= 0.9 and np.allclose(pyramid.box, found.box, atol=0.02), pyramid
+    assert max(locate(crop.thumb, other.thumb, pyramid=3).ncc_ab, 0) < 0.8
 
 
 def test_verification_ceiling_skips_pairs_the_tokens_decide(monkeypatch):

@@ -199,12 +199,14 @@ def prefilter(a: LocalFeatures, b: LocalFeatures, queries: int = PREFILTER_QUERI
     return max(ab, ba)
 
 
-def verify_pair(a: LocalFeatures, b: LocalFeatures, ratio: float = RATIO) -> Verification | None:
+def verify_pair(a: LocalFeatures, b: LocalFeatures, ratio: float = RATIO, match=None) -> Verification | None:
     """Match two images' features and fit a homography from a to b (module docstring).
 
     Args:
         a, b: ``local_features`` of the two images.
         ratio: Lowe's ratio test threshold.
+        match: the descriptor matcher, ``(a_desc, b_desc, ratio) -> (query, train)`` (None: ``nearest_two``,
+            exact; ``bench.duplicates_matchers`` compares approximate ones).
 
     Returns:
         A ``Verification``, or None when no sane homography fits (too few matches, degenerate geometry).
@@ -212,7 +214,7 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, ratio: float = RATIO) -> Ver
     cv2 = _cv2()
     if len(a.descriptors) < 2 or len(b.descriptors) < 2:
         return None
-    query, train = nearest_two(a.descriptors, b.descriptors, ratio)
+    query, train = (match or nearest_two)(a.descriptors, b.descriptors, ratio)
     if len(query) < MIN_MATCHES:
         return None
     src = a.points[query] * np.array(a.size, np.float32)
