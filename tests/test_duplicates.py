@@ -512,18 +512,51 @@ def test_pairs_stored_before_the_template_search_load_unsearched_and_are_selecte
     t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6, files=True),                # unverified: search it
                 dict(a=0, b=2, s_ab=0.6, s_ba=0.6, files=True, inliers=90),    # verified: no need
                 dict(a=0, b=3, s_ab=0.3, s_ba=0.35, files=True)])              # under the gate
-    arrays = {k: v for k, v in t.arrays().items() if k not in ("located", "ncc_ab", "ncc_ba", "box")}
+    arrays = {k: v for k, v in t.arrays().items()
+              if k not in ("located", "ncc_ab", "ncc_ba", "box", "refine_from")}
     path = store._file(tmp_path, 4)
     path.parent.mkdir(parents=True)
     np.savez(path, searched=np.arange(4), sha256=np.array([b"x"] * 4, "S64"), settings=np.array("{}"), **arrays)
     got = store.load(tmp_path, 4).table
     assert not got.located.any() and got.box.shape == (3, 4)
+    assert np.isneginf(got.refine_from).all()  # written before the bar: every direction was at full size
     from types import SimpleNamespace
 
     cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4)
     records = {i: SimpleNamespace(width=320, height=240) for i in range(4)}
     assert finder.to_locate(got, cfg, records).tolist() == [0]
     assert finder.to_locate(got, cfg.with_overrides({"template": False}), records).tolist() == []
+
+
+def test_the_template_search_bar_is_stored_and_a_lower_crop_rule_searches_again(tmp_path, photos_dir, monkeypatch):
+    """A run searches a direction at full size only when its half-size peak reaches template_ncc - 0.1
+    (``finder.refine_bar``), stores that bar with the pair, and a call whose rule is lower searches it again (a
+    peak reported at half size could decide there); a higher rule does not."""
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder
+
+    photo, crop = _small_photo_and_crop(photos_dir, "skimage-chelsea.png", (0.2, 0.3, 0.6, 0.7), 0.7)
+    cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4, template_ncc=0.8)
+    assert finder.refine_bar(cfg) == pytest.approx(0.7)
+    assert finder.refine_bar(cfg.with_overrides({"template_ncc": None})) == -np.inf
+    t = _table([dict(a=0, b=1, s_ab=0.6, s_ba=0.6)])
+    records = {i: SimpleNamespace(width=320, height=240) for i in range(2)}
+    seen = []
+    real_locate = finder.locate
+    monkeypatch.setattr(finder, "locate", lambda a, b, refine_from=None: seen.append(refine_from)
+                        or real_locate(a, b, refine_from=refine_from))
+    monkeypatch.setattr(finder, "verify_pair", lambda a, b: None)  # ORB found nothing: the template search runs
+    monkeypatch.setattr(finder._Features, "many", lambda self, ids, pool: {0: crop, 1: photo})
+    finder._verify(t, records, lambda i: None, cfg, 1, None)
+    assert seen == [pytest.approx(0.7)] and t.located[0] and t.refine_from[0] == pytest.approx(0.7)
+    assert t.ncc_ab[0] >= 0.9  # the crop's direction passed the bar: searched at full size
+    assert finder.to_locate(t, cfg, records).tolist() == []
+    assert finder.to_locate(t, cfg.with_overrides({"template_ncc": 0.9}), records).tolist() == []
+    assert finder.to_locate(t, cfg.with_overrides({"template_ncc": 0.7}), records).tolist() == [0]
+    finder._verify(t, records, lambda i: None, cfg.with_overrides({"template_ncc": None}), 1, None,
+                   np.array([0]), match=False)
+    assert seen[-1] is None and np.isneginf(t.refine_from[0])  # the rule off: every direction at full size
 
 
 def test_the_template_search_is_gated_by_the_smaller_images_size():

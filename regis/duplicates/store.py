@@ -51,6 +51,9 @@ class PairTable:
         box: (p, 4) float32 the better direction's window (x0, y0, x1, y1) in its container, normalised.
         pre: int32 the cheap first match's count (``geometry.prefilter``; -1: not run, the pair was matched in
             full directly).
+        refine_from: float32 the bar of the pair's template search (``template.locate(refine_from=)``): a
+            direction whose half-size peak was below it reports that peak, not a full-size one (-inf: every
+            direction at full size, as in files written before the bar existed).
     """
 
     a: np.ndarray
@@ -71,6 +74,7 @@ class PairTable:
     ncc_ba: np.ndarray
     box: np.ndarray
     pre: np.ndarray
+    refine_from: np.ndarray
 
     @classmethod
     def empty(cls, p: int = 0) -> PairTable:
@@ -79,7 +83,8 @@ class PairTable:
                    np.zeros(p, bool), np.zeros(p, np.int32), np.zeros(p, np.int32), np.zeros(p, np.float32),
                    np.zeros(p, np.float32), np.zeros((p, 4, 2), np.float32), np.zeros((p, 4, 2), np.float32),
                    np.zeros(p, np.float32), np.zeros(p, bool), np.zeros(p, bool), np.zeros(p, np.float32),
-                   np.zeros(p, np.float32), np.zeros((p, 4), np.float32), np.full(p, -1, np.int32))
+                   np.zeros(p, np.float32), np.zeros((p, 4), np.float32), np.full(p, -1, np.int32),
+                   np.full(p, -np.inf, np.float32))
 
     def __len__(self) -> int:
         return len(self.a)

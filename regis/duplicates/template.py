@@ -25,9 +25,10 @@ MIN_TEMPLATE = 12  # pixels: templates with a shorter side are not tried
 MIN_STD = 4.0  # grey levels: flat templates (a single colour) are not tried: their correlation means nothing
 REFINE = 3  # scales searched again at full size: the best of the coarse pass (at half size)
 REFINE_BELOW_RULE = 0.1  # a run searches a direction at full size only if its half-size peak reaches the crop
-# rule's NCC (``template_ncc``) minus this (``refine_from``): over the labelled set's 4,532 crop pairs and 1,500 of
-# its verified candidate pairs at template_ncc 0.80, no crop decision changed and the CPU per pair fell 13-15 %
-# (python -m bench.duplicates_template; docs/results/duplicates/template-refine.json)
+# rule's NCC (``template_ncc``) minus this (``refine_from``; ``finder.refine_bar``): every one of the labelled set's
+# 18,110 searched pairs searched again so, every figure of both splits unchanged (crop rule, margin included) and
+# the CPU per pair 6.5 -> 5.2 ms (python -m bench.duplicates_template_steps --variants 20r;
+# docs/results/duplicates/template-refine-from.json)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def locate(a: np.ndarray, b: np.ndarray, refine_from: float | None = None, steps
         refine_from: a direction whose best coarse peak (half size) is below this is not searched again at full
             size: its coarse peak is reported, with its window (None: both refined). Most candidate pairs are
             unrelated photos whose coarse peaks stay below a crop threshold; the finder passes ``template_ncc`` -
-            ``REFINE_BELOW_RULE``.
+            ``REFINE_BELOW_RULE`` (``finder.refine_bar``) and stores it with the pair.
         steps: scales of the half-size pass (geometric from ``MIN_FRACTION`` to 1).
         spread: also search, at full size, half a coarse step either side of each refined scale.
         pyramid: search every scale at quarter size first and only this many of them (the best) at half size
