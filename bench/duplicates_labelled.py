@@ -33,8 +33,8 @@ class StoredRun:
     splits: dict  # family -> "calibration" | "test"
 
 
-def stored_run(work: str | Path, corpus: str | Path) -> StoredRun:
-    """Open ``WORK/debian-s0``'s set, index and stored pairs.
+def stored_run(work: str | Path, corpus: str | Path, seed: int = 0) -> StoredRun:
+    """Open ``WORK/debian-s<seed>``'s set, index and stored pairs (``scripts/eval_duplicates.py --seed``).
 
     Raises:
         SystemExit: no stored pairs (``scripts/eval_duplicates.py`` has not run there).
@@ -46,7 +46,7 @@ def stored_run(work: str | Path, corpus: str | Path) -> StoredRun:
     from regis.models.registry import DEFAULT_BACKBONE
 
     ev_mod = eval_module()
-    root = Path(work) / "debian-s0"
+    root = Path(work) / f"debian-s{seed}"
     snapshot = IndexSnapshot.open(root / "index")
     stored = store.latest(snapshot.index_dir, snapshot.version)
     if stored is None:
