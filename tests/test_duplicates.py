@@ -554,6 +554,7 @@ def test_the_template_search_bar_is_stored_and_a_lower_crop_rule_searches_again(
     assert finder.to_locate(t, cfg, records).tolist() == []
     assert finder.to_locate(t, cfg.with_overrides({"template_ncc": 0.9}), records).tolist() == []
     assert finder.to_locate(t, cfg.with_overrides({"template_ncc": 0.7}), records).tolist() == [0]
+    assert finder.to_locate(t, cfg.with_overrides({"template_ncc": None}), records).tolist() == []  # rule off
     finder._verify(t, records, lambda i: None, cfg.with_overrides({"template_ncc": None}), 1, None,
                    np.array([0]), match=False)
     assert seen[-1] is None and np.isneginf(t.refine_from[0])  # the rule off: every direction at full size

@@ -248,7 +248,7 @@ def to_locate(pairs: PairTable, config: DuplicateConfig, records: dict[int, Imag
     """Rows of an already verified table that still need the template search: searched by a run, files
     readable, gated like ``to_verify`` and by ``template_sized``, not verified (fewer than ``min_inliers``
     inliers), and never searched or searched with a higher bar than this call's ``refine_bar`` (a lower
-    ``template_ncc`` than the run's: a peak reported at half size could now decide)."""
+    ``template_ncc`` than the run's: a peak reported at half size could now decide; not when the rule is off)."""
     if not (config.verify and config.template):
         return np.zeros(0, dtype=np.int64)
     want = np.zeros(len(pairs), dtype=bool)
@@ -257,6 +257,7 @@ def to_locate(pairs: PairTable, config: DuplicateConfig, records: dict[int, Imag
         want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.template_floor
     want &= template_sized(pairs, records, config)
     stale = pairs.located & (pairs.refine_from > np.float32(refine_bar(config)) + 1e-6)
+    stale &= config.template_ncc is not None  # the crop rule off: no peak decides anything
     return np.flatnonzero(want & pairs.files & (~pairs.located | stale) & (pairs.inliers < config.min_inliers))
 
 
