@@ -74,3 +74,22 @@ def shipped_candidates(work: str | Path):
     t = PairTable.empty(len(cand))
     t.a, t.b, t.s_ab, t.s_ba = cand.a, cand.b, cand.s_ab, cand.s_ba
     return cfg, root, LabelledSet.load(root / "files"), snap, recs, t
+
+
+def gated_sample(work: str | Path, sample: int):
+    """A random sample (seed 0) of the pairs the shipped gates verify (``finder.to_verify``) in the shipped
+    self-join of ``WORK/debian-s0``'s index: (config, root, records by id, the candidate ``PairTable``, the sampled
+    rows, a function (record a, record b) -> the pair's label in the set: "crop", "edited", ..., "unrelated")."""
+    import numpy as np
+
+    from regis.data.near_duplicates import labelled_pairs
+    from regis.duplicates.finder import to_verify
+
+    cfg, root, labelled, _, recs, t = shipped_candidates(work)
+    labels = labelled_pairs(labelled.items)
+    gated = to_verify(t, cfg)
+    rows = np.random.default_rng(0).choice(gated, size=min(sample, len(gated)), replace=False)
+
+    def label(ra, rb) -> str:
+        return labels.get(tuple(sorted((ra.path, rb.path))), ("unrelated", None))[0]
+    return cfg, root, recs, t, rows, label

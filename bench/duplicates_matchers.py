@@ -82,24 +82,18 @@ def main() -> None:
     import cv2
 
     from bench.common import machine_info
-    from bench.duplicates_labelled import shipped_candidates
-    from regis.data.near_duplicates import labelled_pairs
-    from regis.duplicates.finder import to_verify
+    from bench.duplicates_labelled import gated_sample
     from regis.duplicates.geometry import local_features, verify_pair
 
     cv2.setNumThreads(1)
-    cfg, root, labelled, snap, recs, t = shipped_candidates(args.work)
-    labels = labelled_pairs(labelled.items)
-    gated = to_verify(t, cfg)
-    rows = np.random.default_rng(0).choice(gated, size=min(args.sample, len(gated)), replace=False)
+    cfg, root, recs, t, rows, label_of = gated_sample(args.work, args.sample)
     feats, pairs = {}, []
     for r in rows.tolist():
         ra, rb = recs[int(t.a[r])], recs[int(t.b[r])]
         for rec in (ra, rb):
             if rec.path not in feats:
                 feats[rec.path] = local_features(root / "files" / rec.path, cfg.verify_side, cfg.features)
-        pairs.append((feats[ra.path], feats[rb.path],
-                      labels.get(tuple(sorted((ra.path, rb.path))), ("unrelated", None))[0]))
+        pairs.append((feats[ra.path], feats[rb.path], label_of(ra, rb)))
 
     out = {"command": " ".join(["python -m bench.duplicates_matchers", *sys.argv[1:]]), "pairs": len(pairs),
            "labels": {lab: sum(1 for *_, x in pairs if x == lab) for lab in sorted({x for *_, x in pairs})},

@@ -73,16 +73,12 @@ def main() -> None:
     import cv2
 
     from bench.common import machine_info
-    from bench.duplicates_labelled import shipped_candidates
-    from regis.data.near_duplicates import labelled_pairs
+    from bench.duplicates_labelled import gated_sample
     from regis.duplicates.finder import to_verify
     from regis.duplicates.geometry import local_features
 
     cv2.setNumThreads(1)
-    cfg, root, labelled, snap, recs, t = shipped_candidates(args.work)
-    labels = labelled_pairs(labelled.items)
-    gated = to_verify(t, cfg)
-    rows = np.random.default_rng(0).choice(gated, size=min(args.sample, len(gated)), replace=False)
+    cfg, root, recs, t, rows, label_of = gated_sample(args.work, args.sample)
 
     feats, feat_s = {}, []
     out_rows = []
@@ -93,7 +89,7 @@ def main() -> None:
                 feats[rec.path], s = _timed(local_features, root / "files" / rec.path, cfg.verify_side,
                                             cfg.features)
                 feat_s.append(s)
-        label = labels.get(tuple(sorted((ra.path, rb.path))), ("unrelated", None))[0]
+        label = label_of(ra, rb)
         row = {"label": label, "s_hi": float(max(t.s_ab[r], t.s_ba[r])),
                "min_side": min(ra.width, ra.height, rb.width, rb.height),
                "small_long_side": min(max(ra.width, ra.height), max(rb.width, rb.height))}
@@ -113,7 +109,7 @@ def main() -> None:
         "command": " ".join(["python -m bench.duplicates_verify", *sys.argv[1:]]),
         "config": {k: getattr(cfg, k) for k in ("verify_side", "features", "min_inliers", "verify_floor",
                                                "verify_ceiling", "template_floor", "template_ncc")},
-        "candidate_pairs": int(len(t)), "gated_pairs": int(len(gated)), "pairs_profiled": n,
+        "candidate_pairs": int(len(t)), "gated_pairs": int(len(to_verify(t, cfg))), "pairs_profiled": n,
         "labels": {lab: sum(1 for r in out_rows if r["label"] == lab)
                    for lab in sorted({r["label"] for r in out_rows})},
         "cpu_ms": {"feature_extraction_per_image": 1e3 * float(np.mean(feat_s)) if feat_s else None,
