@@ -321,6 +321,64 @@ def test_real_photos_copy_found_crop_direction_right_other_shot_kept_apart(dup_i
     assert out["counts"]["duplicate_groups"] == 1
 
 
+def test_copy_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
+    from regis.duplicates import finder
+
+    cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4, template_floor=0.4, template_ncc=0.8,
+                          template_margin=0.05, template_max_area=0.85, edited_min_cover=0.8, edited_max_cover=0.95)
+    box = [0.1, 0.1, 0.5, 0.5]
+    t = _table([
+        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
+        dict(a=1, b=2, s_ab=0.95, s_ba=0.95, exact=True),                                     # 1 = 2: exact
+        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 3 in 0: sure crop
+        dict(a=0, b=4, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.85, box=box),  # 4 in 0: not sure
+        dict(a=2, b=3, s_ab=0.6, s_ba=0.6),                                                   # already a pair
+    ])
+    assert finder.copy_group_candidates(t, cfg).tolist() == [[1, 3]]  # 3 with 1 (and 2, already paired)
+    assert finder.copy_group_candidates(t, cfg.with_overrides({"template_ncc": None})).tolist() == []  # no crops
+    alone = _table([dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box)])
+    assert finder.copy_group_candidates(alone, cfg).tolist() == []  # a container with no copies adds nothing
+
+
+@pytest.mark.slow
+def test_a_crop_found_in_one_copy_becomes_a_candidate_of_the_others(dup_index, tmp_path):
+    """With one candidate per image the self-join pairs the cat's crop with one copy of the cat only; the crop
+    found there, it is paired with the other copy through their duplicate group, scored from the stored tokens as
+    the join scores, verified, and called a crop of it."""
+    from regis.duplicates import finder
+    from regis.duplicates.config import shipped_calibration
+    from regis.duplicates.selfjoin import score_pairs
+    from regis.indexes.snapshot import IndexSnapshot
+    from regis.models.registry import DEFAULT_BACKBONE
+
+    index = tmp_path / "index"
+    shutil.copytree(dup_index, index, ignore=shutil.ignore_patterns("duplicates"))
+    paths = _paths(index)
+    cat, edited, crop = paths["cat.jpg"], paths["cat-edited.jpg"], paths["cat-crop.jpg"]
+    cfg = shipped_calibration(DEFAULT_BACKBONE).with_overrides({"neighbours": 1})
+    snap = IndexSnapshot.open(index)
+    try:
+        cand = finder.self_join(snap, floor=cfg.floor, neighbours=1)
+        joined = set(zip(cand.a.tolist(), cand.b.tolist(), strict=True))
+        assert sum((min(x, crop), max(x, crop)) in joined for x in (cat, edited)) == 1  # the join: one copy only
+        run = finder.update_pairs(snap, cfg, full=True)
+        t = run.stored.table
+        relation, container = finder.rel.classify(t, cfg)
+        rows = {(int(a), int(b)): r for r, (a, b) in enumerate(zip(t.a.tolist(), t.b.tolist(), strict=True))}
+        assert run.stored.settings["copy_group_pairs"] >= 1
+        found = [(x, crop) for x in (cat, edited) if (min(x, crop), max(x, crop)) in rows]
+        assert len(found) == 2  # both copies paired with the crop, one of them through the group
+        for x, _ in found:
+            r = rows[(min(x, crop), max(x, crop))]
+            assert relation[r] == finder.rel.CROP and container[r] == x
+        r = rows[(min(cat, edited), max(cat, edited))]
+        assert relation[r] == finder.rel.EDITED
+        s_ab, s_ba = score_pairs(snap, t.a, t.b)  # every row's scores are the join's scoring of its tokens
+        assert np.allclose(s_ab, t.s_ab, atol=1e-4) and np.allclose(s_ba, t.s_ba, atol=1e-4)
+    finally:
+        snap.close()
+
+
 @pytest.mark.slow
 def test_batched_self_join_gives_the_per_image_pairs_on_real_photos(dup_index):
     """The vectorised batch (one unique of (query, owner), one token read, vectorised floor and neighbour cut) keeps

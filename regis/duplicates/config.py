@@ -29,6 +29,8 @@ AT_LEAST_FIELDS = ("verify_ceiling",)
 # how the self-join scores a two-framing index's pairs (``regis.duplicates.selfjoin``): pairs stored by a run that
 # scored otherwise (before 2026-11-29: "centre", the centre crop's tokens on both sides) are searched again
 JOIN_SCORING = "centre-all"
+COPY_GROUPS = "crops"  # candidates added through duplicate groups (``finder.copy_group_candidates``); stored pairs
+# made without them are searched again
 
 
 class DuplicateConfig(BaseModel):
@@ -141,7 +143,7 @@ class DuplicateConfig(BaseModel):
         from regis.duplicates.geometry import GEOMETRY_VERSION
 
         return {**{name: getattr(self, name) for name in CANDIDATE_FIELDS}, "geometry": GEOMETRY_VERSION,
-                "join": JOIN_SCORING}
+                "join": JOIN_SCORING, "copy_groups": COPY_GROUPS}
 
 
 def parse_overrides(items: list[str] | None) -> dict:

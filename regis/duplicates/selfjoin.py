@@ -110,6 +110,27 @@ def both_ways(query: np.ndarray, docs: np.ndarray, scored: int) -> tuple[np.ndar
     return maxsim_terms(sims[:scored]), sims[:, :, :scored].max(axis=0).sum(axis=1)
 
 
+def score_pairs(snapshot: IndexSnapshot, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MaxSim per token of given pairs both ways, from the stored tokens, as the self-join scores its candidates
+    (``both_ways``: on an index of two framings, each side's centre-crop tokens against all of the other's).
+
+    Args:
+        a, b: (p,) int64 live image ids.
+
+    Returns:
+        (p,) S(a, b) / T and (p,) S(b, a) / T, float32 (T: the tokens of one framing).
+    """
+    t = snapshot.manifest.encoder.tokens_per_framing
+    width = snapshot.store.tokens_per_image
+    s_ab, s_ba = np.zeros(len(a), np.float32), np.zeros(len(a), np.float32)
+    for x in np.unique(a).tolist():
+        rows = np.flatnonzero(a == x)
+        query = snapshot.store.get(np.array([x], np.int64), width)[0].astype(np.float32)
+        fwd, rev = both_ways(query, snapshot.store.get(np.asarray(b[rows], np.int64), width), t)
+        s_ab[rows], s_ba[rows] = fwd / t, rev / t
+    return s_ab, s_ba
+
+
 class _Join:
     """The state of one self-join over a snapshot (see ``self_join``)."""
 
