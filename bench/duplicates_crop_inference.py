@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from pathlib import Path
@@ -29,26 +28,20 @@ from pathlib import Path
 import numpy as np
 
 
-def inferred(t, relation, container, images, confident) -> dict[tuple[int, int], int]:
+def inferred(t, relation, container, confident) -> dict[tuple[int, int], int]:
     """(a, b) with a < b -> container id: the crop pairs of ``t`` plus, for each confident one, its crop paired with
     every other member of its container's duplicate group (exact and edited copies; not its own group)."""
     from regis.duplicates import relations as rel
-    from regis.duplicates.groups import components
+    from regis.duplicates.groups import copy_groups
 
-    index = {int(i): k for k, i in enumerate(images.tolist())}
-    dup = np.isin(relation, list(rel.DUPLICATE_CODES))
-    comp = components(len(images), np.array([index[int(x)] for x in t.a[dup]], np.int64),
-                      np.array([index[int(x)] for x in t.b[dup]], np.int64))
-    members = collections.defaultdict(list)
-    for i, c in zip(images.tolist(), comp.tolist(), strict=True):
-        members[c].append(i)
+    group = copy_groups(t, relation)
     rows = np.flatnonzero(relation == rel.CROP)
     out = {(int(t.a[r]), int(t.b[r])): int(container[r]) for r in rows}
     for r in rows[confident[rows]].tolist():
         outer = int(container[r])
         inner = int(t.b[r]) if outer == int(t.a[r]) else int(t.a[r])
-        for q in members[comp[index[outer]]]:
-            if comp[index[q]] != comp[index[inner]]:
+        for q in group[outer]:
+            if group[q] is not group[inner]:  # one list per group
                 out.setdefault((min(inner, q), max(inner, q)), q)
     return out
 
@@ -83,11 +76,11 @@ def main() -> None:
         t = ev.table
         relation, container = rel.classify(t, cfg)
         none = np.zeros(len(t), dtype=bool)
-        res = {"direct": figures(inferred(t, relation, container, ev.images, none), ev),
-               "every crop": figures(inferred(t, relation, container, ev.images, ~none), ev)}
+        res = {"direct": figures(inferred(t, relation, container, none), ev),
+               "every crop": figures(inferred(t, relation, container, ~none), ev)}
         for ncc in (float(x) for x in args.ncc.split(",")):
             sure = (np.maximum(t.ncc_ab, t.ncc_ba) >= ncc) | (t.inliers >= cfg.min_inliers)
-            res[f"ncc >= {ncc} or verified"] = figures(inferred(t, relation, container, ev.images, sure), ev)
+            res[f"ncc >= {ncc} or verified"] = figures(inferred(t, relation, container, sure), ev)
         out["splits"][split] = res
         for name, f in res.items():
             print(f"[{split}] {name}: crop direction {f['direction_right_of_all']:.3f} ({f['direction_right']}/"

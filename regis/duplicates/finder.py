@@ -37,7 +37,7 @@ from regis.duplicates import relations as rel
 from regis.duplicates import store
 from regis.duplicates.config import AT_LEAST_FIELDS, AT_MOST_FIELDS, DuplicateConfig
 from regis.duplicates.geometry import LocalFeatures, features_or_none, prefilter, verify_pair
-from regis.duplicates.groups import components
+from regis.duplicates.groups import copy_groups
 from regis.duplicates.selfjoin import score_pairs, self_join
 from regis.duplicates.store import PairTable, StoredPairs
 from regis.duplicates.template import REFINE_BELOW_RULE, locate
@@ -351,22 +351,15 @@ def copy_group_candidates(pairs: PairTable, config: DuplicateConfig) -> np.ndarr
                                      | (pairs.inliers >= config.min_inliers))
     if not sure.any():
         return np.zeros((0, 2), np.int64)
-    ids, inv = np.unique(np.concatenate([pairs.a, pairs.b]), return_inverse=True)
-    ia, ib = inv[:len(pairs)], inv[len(pairs):]
-    dup = np.isin(relation, list(rel.DUPLICATE_CODES))
-    label = components(len(ids), ia[dup], ib[dup])
-    members: dict[int, list[int]] = {}
-    for k, i in enumerate(ids.tolist()):
-        members.setdefault(int(label[k]), []).append(i)
-    pos = {i: k for k, i in enumerate(ids.tolist())}
+    group = copy_groups(pairs, relation)
     have = set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True))
     out = set()
     for r in np.flatnonzero(sure).tolist():
         outer = int(container[r])
         inner = int(pairs.b[r]) if outer == int(pairs.a[r]) else int(pairs.a[r])
-        for q in members[int(label[pos[outer]])]:
+        for q in group[outer]:
             key = (min(inner, q), max(inner, q))
-            if label[pos[q]] != label[pos[inner]] and key not in have:
+            if group[q] is not group[inner] and key not in have:  # one list per group
                 out.add(key)
     return np.array(sorted(out), np.int64).reshape(-1, 2)
 

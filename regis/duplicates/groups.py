@@ -51,6 +51,19 @@ def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return connected_components(graph, directed=False)[1]
 
 
+def copy_groups(table: PairTable, relation: np.ndarray) -> dict[int, list[int]]:
+    """image id -> the members of its duplicate group (itself included, ascending): connected components of the
+    pairs of ``table`` whose ``relation`` (``relations.classify``) is exact or edited copy; every image of
+    ``table``."""
+    ids, inv = np.unique(np.concatenate([table.a, table.b]), return_inverse=True)
+    dup = np.isin(relation, list(rel.DUPLICATE_CODES))
+    label = components(len(ids), inv[:len(table)][dup], inv[len(table):][dup])
+    members: dict[int, list[int]] = {}
+    for k, i in enumerate(ids.tolist()):
+        members.setdefault(int(label[k]), []).append(i)
+    return {i: members[int(label[k])] for k, i in enumerate(ids.tolist())}
+
+
 @dataclass
 class Grouping:
     """The groups of a pair table under some thresholds.

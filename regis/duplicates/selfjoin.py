@@ -110,24 +110,34 @@ def both_ways(query: np.ndarray, docs: np.ndarray, scored: int) -> tuple[np.ndar
     return maxsim_terms(sims[:scored]), sims[:, :, :scored].max(axis=0).sum(axis=1)
 
 
-def score_pairs(snapshot: IndexSnapshot, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """MaxSim per token of given pairs both ways, from the stored tokens, as the self-join scores its candidates
-    (``both_ways``: on an index of two framings, each side's centre-crop tokens against all of the other's).
+def score_against(snapshot: IndexSnapshot, query: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MaxSim per token of one image's stored tokens against images ``ids`` both ways, as the self-join scores its
+    candidates (``both_ways``: on an index of two framings, each side's centre-crop tokens against all of the
+    other's; every stored token read).
 
     Args:
-        a, b: (p,) int64 live image ids.
+        query: (W, D) float32 every stored token of the query image (W: ``store.tokens_per_image``).
+        ids: (c,) int64 live image ids.
 
     Returns:
-        (p,) S(a, b) / T and (p,) S(b, a) / T, float32 (T: the tokens of one framing).
+        (c,) S(query, id) / T and (c,) S(id, query) / T, float32 (T: the tokens of one framing).
     """
     t = snapshot.manifest.encoder.tokens_per_framing
+    if len(ids) == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    fwd, rev = both_ways(query, snapshot.store.get(ids, snapshot.store.tokens_per_image), t)
+    return fwd / t, rev / t
+
+
+def score_pairs(snapshot: IndexSnapshot, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``score_against`` of given pairs: (p,) S(a, b) / T and (p,) S(b, a) / T, float32, for (p,) int64 live image
+    ids a and b."""
     width = snapshot.store.tokens_per_image
     s_ab, s_ba = np.zeros(len(a), np.float32), np.zeros(len(a), np.float32)
     for x in np.unique(a).tolist():
         rows = np.flatnonzero(a == x)
         query = snapshot.store.get(np.array([x], np.int64), width)[0].astype(np.float32)
-        fwd, rev = both_ways(query, snapshot.store.get(np.asarray(b[rows], np.int64), width), t)
-        s_ab[rows], s_ba[rows] = fwd / t, rev / t
+        s_ab[rows], s_ba[rows] = score_against(snapshot, query, np.asarray(b[rows], np.int64))
     return s_ab, s_ba
 
 
@@ -157,10 +167,7 @@ class _Join:
         return ids[self.store.is_live(ids)]
 
     def score(self, query: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if len(ids) == 0:
-            return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        fwd, rev = both_ways(query, self.store.get(ids, self.width), self.T)
-        return fwd / self.T, rev / self.T
+        return score_against(self.snapshot, query, ids)
 
     def one(self, image_id: int, query: np.ndarray, sims: np.ndarray, token_ids: np.ndarray) -> CandidatePairs:
         """The kept pairs of one query image from its tokens' first-round neighbours (T, depth)."""
