@@ -321,7 +321,7 @@ def test_real_photos_copy_found_crop_direction_right_other_shot_kept_apart(dup_i
     assert out["counts"]["duplicate_groups"] == 1
 
 
-def test_copy_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
+def test_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
     from regis.duplicates import finder
 
     cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4, template_floor=0.4, template_ncc=0.8,
@@ -334,10 +334,58 @@ def test_copy_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container
         dict(a=0, b=4, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.85, box=box),  # 4 in 0: not sure
         dict(a=2, b=3, s_ab=0.6, s_ba=0.6),                                                   # already a pair
     ])
-    assert finder.copy_group_candidates(t, cfg).tolist() == [[1, 3]]  # 3 with 1 (and 2, already paired)
-    assert finder.copy_group_candidates(t, cfg.with_overrides({"template_ncc": None})).tolist() == []  # no crops
+    # 3 with every member of 0's group: 0 (the sure pair itself), 1 (new) and 2 (a pair already, gated out or not)
+    assert finder.group_candidates(t, cfg).tolist() == [[0, 3], [1, 3], [2, 3]]
+    assert finder.group_candidates(t, cfg.with_overrides({"template_ncc": None})).tolist() == []  # no crops
     alone = _table([dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box)])
-    assert finder.copy_group_candidates(alone, cfg).tolist() == []  # a container with no copies adds nothing
+    assert finder.group_candidates(alone, cfg).tolist() == [[0, 3]]  # a container with no copies: only itself
+
+
+def test_group_candidates_follow_containment_through_crops_of_crops():
+    """5 lies in 3 and 3 in 0 (both sure), 0 and 1 are copies: 5 is a crop of 3, 0 and 1 (a crop of a crop of a
+    photo is a crop of the photo); 6 lies in 5 but is not sure, so nothing goes through it; a cycle of containment
+    (two wrong sure crops) ends."""
+    from regis.duplicates import finder
+
+    cfg = DuplicateConfig(min_inliers=15, template_ncc=0.8, template_margin=0.05, template_max_area=0.85,
+                          edited_min_cover=0.8, edited_max_cover=0.95)
+    box = [0.1, 0.1, 0.5, 0.5]
+    t = _table([
+        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
+        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=40, cover_a=0.3, cover_b=1.0),             # 3 in 0: verified
+        dict(a=3, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 5 in 3: sure
+        dict(a=5, b=6, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.85, box=box),  # 6 in 5: not sure
+    ])
+    relation, container = rel.classify(t, cfg)
+    assert relation[1:3].tolist() == [rel.CROP, rel.CROP] and container[1:3].tolist() == [0, 3]
+    got = finder.group_candidates(t, cfg).tolist()
+    assert got == [[0, 3], [0, 5], [1, 3], [1, 5], [3, 5]]
+    cycle = _table([
+        dict(a=0, b=1, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 1 in 0: sure
+        dict(a=1, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 2 in 1: sure
+        dict(a=0, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.97, ncc_ba=0.3, box=box),  # 0 in 2: sure (wrong)
+    ])
+    assert finder.group_candidates(cycle, cfg).tolist() == [[0, 1], [0, 2], [1, 2]]
+
+
+def test_pairs_through_a_sure_crop_are_decided_by_their_evidence_not_the_token_gates():
+    """A pair paired through a sure crop (``by_group``) is decided by its verification and template search even
+    below the floor, ``verify_floor`` and ``template_floor``; the same evidence without the flag is not."""
+    cfg = DuplicateConfig(floor=0.35, min_inliers=15, verify_floor=0.4, template_floor=0.4, template_ncc=0.8,
+                          template_margin=0.05, template_max_area=0.85, crop_cover=0.8, edited_min_cover=0.8,
+                          edited_max_cover=0.95)
+    box = [0.1, 0.1, 0.5, 0.5]
+    rows = [dict(a=0, b=1, s_ab=0.37, s_ba=0.3, inliers=90, cover_a=0.3, cover_b=1.0),            # 1 in 0: verified
+            dict(a=0, b=2, s_ab=0.32, s_ba=0.3, located=True, ncc_ab=0.4, ncc_ba=0.97, box=box)]  # 2 in 0: template
+    gated = _table(rows)
+    assert rel.classify(gated, cfg)[0].tolist() == [rel.NONE, rel.NONE]
+    from regis.duplicates import finder
+
+    assert finder.to_verify(gated, cfg).tolist() == [] and not finder.template_gated(gated, cfg).any()
+    grouped = _table([{**r, "by_group": True} for r in rows])
+    relation, container = rel.classify(grouped, cfg)
+    assert relation.tolist() == [rel.CROP, rel.CROP] and container.tolist() == [0, 0]
+    assert finder.to_verify(grouped, cfg).tolist() == [0, 1] and finder.template_gated(grouped, cfg).all()
 
 
 @pytest.mark.slow
@@ -368,9 +416,13 @@ def test_a_crop_found_in_one_copy_becomes_a_candidate_of_the_others(dup_index, t
         assert run.stored.settings["copy_group_pairs"] >= 1
         found = [(x, crop) for x in (cat, edited) if (min(x, crop), max(x, crop)) in rows]
         assert len(found) == 2  # both copies paired with the crop, one of them through the group
+        through = []
         for x, _ in found:
             r = rows[(min(x, crop), max(x, crop))]
             assert relation[r] == finder.rel.CROP and container[r] == x
+            through.append(int(t.by_group[r]))
+        assert sorted(through) == [1, 2]  # the join's pair (the sure crop) marked, the other added through the group
+        assert run.stored.settings["group_candidates"]["rounds"] >= 1
         r = rows[(min(cat, edited), max(cat, edited))]
         assert relation[r] == finder.rel.EDITED
         s_ab, s_ba = score_pairs(snap, t.a, t.b)  # every row's scores are the join's scoring of its tokens

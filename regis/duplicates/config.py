@@ -29,8 +29,9 @@ AT_LEAST_FIELDS = ("verify_ceiling",)
 # how the self-join scores a two-framing index's pairs (``regis.duplicates.selfjoin``): pairs stored by a run that
 # scored otherwise (before 2026-11-29: "centre", the centre crop's tokens on both sides) are searched again
 JOIN_SCORING = "centre-all"
-COPY_GROUPS = "crops"  # candidates added through duplicate groups (``finder.copy_group_candidates``); stored pairs
-# made without them are searched again
+COPY_GROUPS = "containment"  # candidates added through duplicate groups (``finder.group_candidates``: until 2026-11-30
+# "crops", a sure crop with its container's copies only, inside the token gates); stored pairs made otherwise are
+# searched again
 
 
 class DuplicateConfig(BaseModel):

@@ -15,9 +15,12 @@ incremental from the pairs stored with an earlier version.
    those it does not verify (fewer than ``min_inliers`` inliers) get the template search
    (``regis.duplicates.template``) from the same cached images; stored pairs that never had it (a file written
    before it existed) get it on the next run;
-5. candidates through the duplicate groups (``copy_group_candidates``): a crop found with confidence in one image
-   is paired with every copy of that image (exact and edited copies) it was not paired with, scored from the
-   stored tokens, checked and verified as above;
+5. candidates through the duplicate groups (``group_candidates``): a crop found with confidence in one image is
+   paired with every image that contains that one: its copies (exact and edited) and, through crops found with
+   confidence in turn, their containers and their copies. Pairs not yet candidates are scored from the stored
+   tokens and checked as above; every such pair is verified and searched by template whatever its token scores
+   (``PairTable.by_group``), and its evidence alone decides its relation; repeated while it finds more (at most
+   ``GROUP_ROUNDS`` times);
 6. the table is stored with this version.
 """
 
@@ -197,10 +200,11 @@ class _Features:
 
 def to_verify(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
     """Rows of ``pairs`` to verify geometrically: not exact copies, token scores at or above ``verify_floor`` in
-    either direction (every other row when it is None) and below ``verify_ceiling`` in one (when set)."""
+    either direction (every other row when it is None; and every row ``by_group``) and below ``verify_ceiling``
+    in one (when set)."""
     want = ~pairs.exact
     if config.verify_floor is not None:
-        want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.verify_floor
+        want &= (np.maximum(pairs.s_ab, pairs.s_ba) >= config.verify_floor) | (pairs.by_group > 0)
     if config.verify_ceiling is not None:
         want &= np.minimum(pairs.s_ab, pairs.s_ba) < config.verify_ceiling
     return np.flatnonzero(want)
@@ -241,6 +245,14 @@ def template_sized(pairs: PairTable, records: dict[int, ImageRecord], config: Du
     return small < config.template_max_side
 
 
+def template_gated(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
+    """(p,) bool: the pairs inside the template search's token gate: MaxSim per token at or above
+    ``template_floor`` in either direction (every pair when it is None), or paired ``by_group``."""
+    if config.template_floor is None:
+        return np.ones(len(pairs), dtype=bool)
+    return (np.maximum(pairs.s_ab, pairs.s_ba) >= config.template_floor) | (pairs.by_group > 0)
+
+
 def refine_bar(config: DuplicateConfig) -> float:
     """The template search's ``refine_from`` for a run with ``config``: ``template_ncc`` - ``REFINE_BELOW_RULE``
     (-inf when the crop rule is off: every direction at full size). A direction whose half-size peak is below it
@@ -258,8 +270,7 @@ def to_locate(pairs: PairTable, config: DuplicateConfig, records: dict[int, Imag
         return np.zeros(0, dtype=np.int64)
     want = np.zeros(len(pairs), dtype=bool)
     want[to_verify(pairs, config)] = True
-    if config.template_floor is not None:
-        want &= np.maximum(pairs.s_ab, pairs.s_ba) >= config.template_floor
+    want &= template_gated(pairs, config)
     want &= template_sized(pairs, records, config)
     stale = pairs.located & (pairs.refine_from > np.float32(refine_bar(config)) + 1e-6)
     stale &= config.template_ncc is not None  # the crop rule off: no peak decides anything
@@ -275,7 +286,7 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
     {"pairs_verified", "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}."""
     rows_all = to_verify(pairs, config) if rows_all is None else rows_all
     order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
-    sized = template_sized(pairs, records, config)
+    sized = template_sized(pairs, records, config) & template_gated(pairs, config)
     bar = refine_bar(config)
     feats = _Features(records, resolve, config)
     spent = {"match": 0.0, "locate": 0.0}
@@ -298,8 +309,6 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                 t1 = time.perf_counter()
                 loc = None
                 if (config.template and sized[r] and fa and fb and fa.thumb is not None and fb.thumb is not None
-                        and (config.template_floor is None
-                             or max(pairs.s_ab[r], pairs.s_ba[r]) >= config.template_floor)
                         and (not match or v is None or v.inliers < config.min_inliers)):
                     loc = locate(fa.thumb, fb.thumb, refine_from=None if bar == -np.inf else bar)
                 return r, fa is not None and fb is not None, pre, v, loc, t1 - t0, time.perf_counter() - t1
@@ -328,21 +337,30 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
             "match_ms": spent["match"] * 1e3, "locate_ms": spent["locate"] * 1e3}
 
 
-SURE_CROP_NCC = 0.95  # a crop pair is sure enough to pair its crop with every copy of its container when its template
-# peak reaches this (or it was verified geometrically): simulated on the labelled set, test crop direction 0.953 ->
-# 0.977 (seed 0) and 0.938 -> 0.957 (seed 1), crop precision -0.01 (python -m bench.duplicates_crop_inference)
+SURE_CROP_NCC = 0.98  # a crop pair is sure enough to pair its crop with every image containing its container when its
+# template peak reaches this (or it was verified geometrically). On the labelled set's calibration split (seed 1) every
+# value of 0.95-0.99 finds the same crops; below 0.98 some small crops of plain backgrounds, found in unrelated photos,
+# are paired with those photos' copies and called their crops (0.95: 72 more false crops, precision 0.872 -> 0.855;
+# python -m bench.duplicates_group_variants, docs/results/duplicates/group-variants-seed1.json)
+GROUP_ROUNDS = 3  # rounds of ``group_candidates``: a round's verified pairs can make crops sure for the next
 
 
-def copy_group_candidates(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
-    """Pairs to add to the candidates through the duplicate groups: for every crop pair of ``pairs`` (relations
-    under ``config``) that is sure (its template peak >= ``SURE_CROP_NCC`` in either direction, or at least
-    ``min_inliers`` inliers), its crop with every other member of its container's group (exact and edited copies),
-    when that pair is not in ``pairs`` yet. A crop of one copy of a photo is a crop of every copy; the self-join
-    keeps each image's ``neighbours`` best pairs, and a small crop's tokens can rank unrelated photos above some of
-    its container's copies.
+def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = True) -> np.ndarray:
+    """The pairs that link a sure crop to every image that contains it through the duplicate groups.
+
+    For every crop pair of ``pairs`` (relations under ``config``) that is sure (its template peak >=
+    ``SURE_CROP_NCC`` in either direction, or at least ``min_inliers`` inliers), its crop is paired with every
+    member of its container's group (exact and edited copies) and, where a member is itself a sure crop of another
+    image, with that image's group in turn (containment is transitive: a crop of a crop of a photo is a crop of
+    the photo). A crop of one copy of a photo is a crop of every copy; the self-join keeps each image's
+    ``neighbours`` best pairs, and a small crop's tokens can rank unrelated photos above its containers (or score
+    them below the token gates).
+
+    Args:
+        chain: follow containment through crops of crops (False: the copies of each direct container only).
 
     Returns:
-        (k, 2) int64 (a, b) with a < b, sorted.
+        (k, 2) int64 (a, b) with a < b, sorted: pairs already in ``pairs`` (the sure ones among them) and new ones.
     """
     if len(pairs) == 0:
         return np.zeros((0, 2), np.int64)
@@ -352,33 +370,68 @@ def copy_group_candidates(pairs: PairTable, config: DuplicateConfig) -> np.ndarr
     if not sure.any():
         return np.zeros((0, 2), np.int64)
     group = copy_groups(pairs, relation)
-    have = set(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True))
-    out = set()
+    inside: dict[int, set[int]] = {}  # a sure crop -> the images it was found in
     for r in np.flatnonzero(sure).tolist():
         outer = int(container[r])
         inner = int(pairs.b[r]) if outer == int(pairs.a[r]) else int(pairs.a[r])
-        for q in group[outer]:
-            key = (min(inner, q), max(inner, q))
-            if group[q] is not group[inner] and key not in have:  # one list per group
-                out.add(key)
+        inside.setdefault(inner, set()).add(outer)
+    out = set()
+    for inner, direct in inside.items():
+        reached, todo = set(), list(direct)
+        while todo:  # the containers' groups, and the containers of their members, transitively
+            for q in group[todo.pop()]:
+                if q not in reached:
+                    reached.add(q)
+                    todo.extend(inside.get(q, ()) if chain else ())
+        out.update((min(inner, q), max(inner, q)) for q in reached if q not in group[inner])
     return np.array(sorted(out), np.int64).reshape(-1, 2)
 
 
-def _copy_group_pairs(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, ImageRecord],
-                      resolve: FileResolver, config: DuplicateConfig, decide: DuplicateConfig, workers: int,
-                      progress: Progress | None) -> PairTable:
-    """``copy_group_candidates`` of ``pairs`` (decided under ``decide``), scored from the stored tokens as the
-    self-join scores its candidates, checked for exact copies and verified like them (under ``config``)."""
-    found = copy_group_candidates(pairs, decide)
+def _group_round(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver,
+                 config: DuplicateConfig, decide: DuplicateConfig, workers: int,
+                 progress: Progress | None) -> tuple[PairTable, int, int]:
+    """One round of ``group_candidates`` of ``pairs`` (decided under ``decide``): the rows it names are marked
+    ``by_group`` in place and verified or searched where the token gates had kept them out (under ``config``);
+    the pairs not in ``pairs`` yet are scored from the stored tokens as the self-join scores its candidates,
+    checked for exact copies and verified. Returns (the new pairs, rows marked, new pairs)."""
+    found = group_candidates(pairs, decide)
+    at = {(int(a), int(b)): r for r, (a, b) in enumerate(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True))}
+    rows = np.array([at.get((int(a), int(b)), -1) for a, b in found], np.int64)
+    marked = rows[rows >= 0]
+    marked = marked[pairs.by_group[marked] == 0]
+    pairs.by_group[marked] = 1
+    if config.verify and len(marked):
+        unmatched = np.intersect1d(to_verify(pairs, config), marked[~pairs.files[marked]])
+        if len(unmatched):  # kept out by verify_floor: matched in full, then searched
+            _verify(pairs, records, resolve, config, workers, progress, unmatched)
+        unsearched = np.intersect1d(to_locate(pairs, config, records), marked)
+        if len(unsearched):  # matched, but kept out of the template search by template_floor
+            _verify(pairs, records, resolve, config, workers, progress, unsearched, match=False)
+    found = found[rows < 0]
     new = PairTable.empty(len(found))
     if len(found) == 0:
-        return new
-    new.a, new.b = found[:, 0], found[:, 1]
+        return new, len(marked), 0
+    new.a, new.b, new.by_group[:] = found[:, 0], found[:, 1], 2
     new.s_ab, new.s_ba = score_pairs(snapshot, new.a, new.b)
     _exact(new, records, resolve, config)
     if config.verify:
         _verify(new, records, resolve, config, workers, progress)
-    return new
+    return new, len(marked), len(new)
+
+
+def _group_pairs(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver,
+                 config: DuplicateConfig, decide: DuplicateConfig, workers: int,
+                 progress: Progress | None) -> tuple[PairTable, dict]:
+    """``pairs`` with the rounds of ``_group_round`` applied (at most ``GROUP_ROUNDS``, until one finds nothing);
+    returns the table and {"rounds", "marked", "added"}."""
+    facts = {"rounds": 0, "marked": 0, "added": 0}
+    for _ in range(GROUP_ROUNDS):
+        new, marked, added = _group_round(snapshot, pairs, records, resolve, config, decide, workers, progress)
+        if marked == 0 and added == 0:
+            break
+        pairs = PairTable.concat([pairs, new])
+        facts = {"rounds": facts["rounds"] + 1, "marked": facts["marked"] + marked, "added": facts["added"] + added}
+    return pairs, facts
 
 
 def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: FileResolver | None = None,
@@ -396,7 +449,7 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         threads: FAISS threads of the self-join (None: every core).
         progress: called with (stage, done, total) as the stages advance ("search", "verify").
         groups_by: the thresholds that decide the crops and copies through which candidates are added
-            (``copy_group_candidates``; None: ``config``; the labelled set's evaluation runs with low gates and
+            (``group_candidates``; None: ``config``; the labelled set's evaluation runs with low gates and
             passes the shipped thresholds here).
 
     Returns:
@@ -445,15 +498,15 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         t3 = time.perf_counter()
         verified = _verify(new, records, resolve, config, workers, progress) if config.verify else None
         t4 = time.perf_counter()
-        table = PairTable.concat([old, new])
-        more = _copy_group_pairs(snapshot, table, records, resolve, config, groups_by or config, workers, progress)
-        table = PairTable.concat([table, more])
+        table, grouped = _group_pairs(snapshot, PairTable.concat([old, new]), records, resolve, config,
+                                      groups_by or config, workers, progress)
         t5 = time.perf_counter()
         timings = {"join": (t2 - t1) * 1e3, "exact": (t3 - t2) * 1e3, "verify": (t4 - t3) * 1e3,
                    "copy_groups": (t5 - t4) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
         settings = {"candidates": config.candidate_settings(), "searched": int(len(query)), "timings_ms": timings,
                     "from_version": prev.version if prev is not None else None, "reused_pairs": len(old),
-                    "verification": verified, "join": join_stats, "copy_group_pairs": len(more)}
+                    "verification": verified, "join": join_stats, "copy_group_pairs": grouped["added"],
+                    "group_candidates": grouped}
         stored = StoredPairs(snapshot.version, table, ids, sha, settings)
         store.save(snapshot.index_dir, stored)
         return DuplicateRun(stored, int(len(query)), len(old), prev.version if prev is not None else None, timings)

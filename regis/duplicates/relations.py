@@ -6,7 +6,9 @@ so a call that overrides a relation threshold re-decides every stored pair witho
 
 Rules, in order:
 
-0. A pair whose MaxSim per token is below ``floor`` both ways is dropped (a stored run may have used a lower one).
+0. A pair whose MaxSim per token is below ``floor`` both ways is dropped (a stored run may have used a lower one),
+   unless it was paired through a sure crop (``PairTable.by_group``: the token gates of this module do not apply to
+   it, its evidence decides).
 1. ``exact``: the same bytes or the same pixels.
 2. A verified pair (at least ``min_inliers`` homography inliers): ``edited_copy`` when each frame covers at
    least ``edited_min_cover`` of the other and one lies at least ``edited_max_cover`` inside the other, or when
@@ -37,10 +39,11 @@ DUPLICATE_CODES = (EXACT, EDITED)  # the relations that make a duplicate group
 def is_verified(table, config: DuplicateConfig) -> np.ndarray:
     """(p,) bool: the pairs that count as verified under ``config``: at least ``min_inliers`` homography inliers,
     and token scores at or above ``verify_floor`` and below ``verify_ceiling`` (a pair outside is not verified by
-    a run with this config, so a stored run with a wider gate is read as that run would have been)."""
+    a run with this config, so a stored run with a wider gate is read as that run would have been; ``verify_floor``
+    does not apply to pairs ``by_group``)."""
     verified = np.asarray(table.inliers) >= config.min_inliers
     if config.verify_floor is not None:
-        verified &= np.maximum(table.s_ab, table.s_ba) >= config.verify_floor
+        verified &= (np.maximum(table.s_ab, table.s_ba) >= config.verify_floor) | (table.by_group > 0)
     if config.verify_ceiling is not None:
         verified &= np.minimum(table.s_ab, table.s_ba) < config.verify_ceiling
     if config.prefilter is not None:  # pairs a run with this prefilter would not have matched in full (-1: no
@@ -79,7 +82,8 @@ def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
     rel[crop | t_crop] = CROP
     rel[edited | t_edited] = EDITED
     rel[table.exact] = EXACT
-    rel[(s_hi < config.floor) & ~table.exact] = NONE  # pairs stored with a lower floor than this call's
+    # pairs stored with a lower floor than this call's (not those through a sure crop: their evidence decides)
+    rel[(s_hi < config.floor) & ~table.exact & (table.by_group == 0)] = NONE
     # a crop lies inside its container: cover_a >= cover_b (or, for a crop the template search found, ncc_ab >
     # ncc_ba) means a is inside b, so b contains a (MaxSim's asymmetry does not say it: on the labelled set the
     # higher direction named the container of 0.51-0.63 of the crop pairs, so no crop is called from the tokens)
@@ -90,7 +94,8 @@ def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def template_crops(table, config: DuplicateConfig) -> np.ndarray:
     """(p,) bool: pairs whose template search says one image is a crop of the other (rule 2b; all False when
-    ``template_ncc`` is None)."""
+    ``template_ncc`` is None; the gates ``verify_floor`` and ``template_floor`` do not apply to pairs
+    ``by_group``)."""
     if config.template_ncc is None:
         return np.zeros(len(table), dtype=bool)
     hi = np.maximum(table.ncc_ab, table.ncc_ba)
@@ -98,7 +103,7 @@ def template_crops(table, config: DuplicateConfig) -> np.ndarray:
     area = (table.box[:, 2] - table.box[:, 0]) * (table.box[:, 3] - table.box[:, 1])
     gate = max(-2.0 if config.verify_floor is None else config.verify_floor,
                -2.0 if config.template_floor is None else config.template_floor)
-    gated = table.located & (np.maximum(table.s_ab, table.s_ba) >= gate)
+    gated = table.located & ((np.maximum(table.s_ab, table.s_ba) >= gate) | (table.by_group > 0))
     return gated & (hi >= config.template_ncc) & (margin >= config.template_margin) & (area <= config.template_max_area)
 
 

@@ -9,7 +9,7 @@ Shape (``service.schemas_duplicates`` documents it field by field)::
      "groups": [{"images": [{"id", "path", "width", "height", "bytes", "sha256", "metadata"}], "keep": id,
                  "pairs": [PAIR], "related": [PAIR]}],
      "run": {"searched", "reused_pairs", "from_version", "timings_ms"}}
-    PAIR = {"a", "b", "relation", "contains", "words", "scores": {"a_to_b", "b_to_a"}, "verified",
+    PAIR = {"a", "b", "relation", "contains", "words", "scores": {"a_to_b", "b_to_a"}, "verified", "through_group",
             "geometry": {"matches", "inliers", "a_in_b", "b_covered", "a_region_in_b", "b_region_in_a"} | null,
             "explanation": {"a_to_b", "b_to_a", "framing", "a_tokens", "b_tokens"} | null}
 """
@@ -82,7 +82,8 @@ def pair_json(table: PairTable, row: int, relation: int, container: int, config:
         "contains": int(container) if container >= 0 else None,
         "words": rel.describe(int(relation), a, b, int(container), covers[0], covers[1], verified),
         "scores": {"a_to_b": round(float(table.s_ab[row]), 4), "b_to_a": round(float(table.s_ba[row]), 4)},
-        "verified": verified, "geometry": geometry, "template": template, "explanation": None,
+        "verified": verified, "through_group": bool(table.by_group[row]), "geometry": geometry, "template": template,
+        "explanation": None,
     }
 
 

@@ -54,6 +54,10 @@ class PairTable:
         refine_from: float32 the bar of the pair's template search (``template.locate(refine_from=)``): a
             direction whose half-size peak was below it reports that peak, not a full-size one (-inf: every
             direction at full size, as in files written before the bar existed).
+        by_group: int8, the pair links a crop found with confidence to an image that contains it through the
+            duplicate groups (``finder.group_candidates``): verified, searched and decided whatever its token scores
+            (the candidate floor and the verification and template gates do not apply). 0: no; 1: a candidate of
+            the self-join; 2: added by the group stage (not a candidate of the join); 0 in files written before.
     """
 
     a: np.ndarray
@@ -75,6 +79,7 @@ class PairTable:
     box: np.ndarray
     pre: np.ndarray
     refine_from: np.ndarray
+    by_group: np.ndarray
 
     @classmethod
     def empty(cls, p: int = 0) -> PairTable:
@@ -84,7 +89,7 @@ class PairTable:
                    np.zeros(p, np.float32), np.zeros((p, 4, 2), np.float32), np.zeros((p, 4, 2), np.float32),
                    np.zeros(p, np.float32), np.zeros(p, bool), np.zeros(p, bool), np.zeros(p, np.float32),
                    np.zeros(p, np.float32), np.zeros((p, 4), np.float32), np.full(p, -1, np.int32),
-                   np.full(p, -np.inf, np.float32))
+                   np.full(p, -np.inf, np.float32), np.zeros(p, np.int8))
 
     def __len__(self) -> int:
         return len(self.a)

@@ -1,0 +1,89 @@
+"""The group stage's settings on the labelled set: how sure a crop must be before it is paired with every image
+that contains it, and whether containment is followed through crops of crops (issue 26, crop target).
+
+Reads the stored run of ``scripts/eval_duplicates.py`` (``--work``, ``--seed``), removes the pairs its group stage
+added (``PairTable.by_group`` 2) and every mark, and runs the group stage again (``finder._group_pairs``, as
+``update_pairs`` runs it: decided by the shipped thresholds, pairs new to the table scored, checked and verified
+with the evaluation run's settings) once per variant:
+
+- ``off``: no group stage;
+- ``sure-X``: ``SURE_CROP_NCC`` = X, containment followed through crops of crops (the shipped stage at its value);
+- ``direct-X``: the same, the copies of each direct container only (``group_candidates(chain=False)``).
+
+For each, both splits' crop direction (the target), crop precision, crops reported on unrelated pairs and the
+edited-copy figures under the shipped thresholds. Not a timing run. Usage::
+
+    python -m bench.duplicates_group_variants --work /work/cache/dup-eval-gc-s1 --seed 1 \\
+        --json docs/results/duplicates/group-variants-seed1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+VARIANTS = "off,sure-0.95,sure-0.97,sure-0.98,sure-0.99,direct-0.98"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default="/work/cache/dup-eval-n16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus", default="/work/cache/photos")
+    p.add_argument("--variants", default=VARIANTS)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--json")
+    args = p.parse_args()
+
+    import numpy as np
+
+    from bench.duplicates_labelled import stored_run
+    from regis.duplicates import finder
+    from regis.duplicates import relations as rel
+    from regis.duplicates.config import DuplicateConfig
+
+    run = stored_run(args.work, args.corpus, args.seed)
+    ev_mod, cfg = run.ev_mod, run.cfg
+    # the evaluation run's settings (scripts/eval_duplicates.py: every candidate verified and searched)
+    run_cfg = DuplicateConfig(floor=ev_mod.RUN_FLOOR, neighbours=ev_mod.RUN_NEIGHBOURS, prefilter=0,
+                              min_inliers=max(ev_mod.GRID["min_inliers"]))
+    records = run.snapshot.table.get_many(run.snapshot.store.live_ids.tolist())
+    resolve = finder.index_file_resolver(run.snapshot)
+    base = run.stored.table.take(run.stored.table.by_group < 2)
+    base.by_group[:] = 0
+    shipped = finder.group_candidates, finder.SURE_CROP_NCC
+    out = {"command": " ".join(["python -m bench.duplicates_group_variants", *sys.argv[1:]]),
+           "shipped_sure_crop_ncc": shipped[1], "join_pairs": len(base), "variants": {}}
+    try:
+        for name in args.variants.split(","):
+            kind, _, value = name.partition("-")
+            table, facts = base.take(np.ones(len(base), bool)), {}
+            if kind != "off":
+                finder.SURE_CROP_NCC = float(value)
+                finder.group_candidates = functools.partial(shipped[0], chain=kind == "sure")
+                table, facts = finder._group_pairs(run.snapshot, table, records, resolve, run_cfg, cfg, args.workers,
+                                                   None)
+            res = {"group_stage": facts}
+            for split in ("calibration", "test"):
+                ev = ev_mod.as_run(ev_mod.evaluation(run.labelled, run.splits, run.snapshot, table, split), cfg)
+                m = ev_mod.pair_metrics(ev, *rel.classify(ev.table, cfg), cfg)
+                c = m["crops"]
+                res[split] = {"crop_direction": round(c["direction_right_of_all"], 4),
+                              "crop_pairs_right": c["direction_right"], "crop_pairs": c["labelled_pairs"],
+                              "crop_precision": round(c["precision"], 4),
+                              "crops_on_unrelated_pairs": c["reported_by_label"]["unrelated"],
+                              "edited_precision": round(m["edited"]["precision"], 4),
+                              "edited_recall": round(m["edited"]["recall"], 4)}
+            out["variants"][name] = res
+            print(f"{name}: {json.dumps(res)}", file=sys.stderr, flush=True)
+    finally:
+        finder.group_candidates, finder.SURE_CROP_NCC = shipped
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
