@@ -7,7 +7,8 @@ shipped thresholds:
 - ``crop, container right``: the relations call it a crop and name its container (the target's numerator;
   ``crop, container wrong`` beside it);
 - ``not a candidate``: the self-join did not keep the pair (each image keeps its ``neighbours`` best pairs);
-- ``below the floor``: kept by the run (its floor is lower) but below the shipped ``floor``;
+- ``below the floor``: kept by the run (its floor is lower) but below the shipped ``floor`` (and not paired through
+  a sure crop, ``PairTable.by_group``, to which the floor does not apply);
 - ``template peak below template_ncc``: searched by template, neither direction reached the rule's NCC;
 - ``neither verified nor searched``: fewer inliers than ``min_inliers`` and outside the template search's gates;
 - ``other: <relation>``: anything else (called an edited copy or the same scene, or no relation: the template
@@ -53,7 +54,7 @@ def main() -> None:
         s_hi = np.maximum(t.s_ab, t.s_ba)
         buckets: collections.Counter = collections.Counter()
         for r in np.flatnonzero(ev.label == ev_mod.LABELS["crop"]).tolist():
-            if s_hi[r] < cfg.floor:
+            if s_hi[r] < cfg.floor and t.by_group[r] == 0:  # paired through a sure crop: its evidence decides
                 why = "below the floor"
             elif relation[r] == rel.CROP:
                 why = "crop, container right" if inner_right[r] else "crop, container wrong"

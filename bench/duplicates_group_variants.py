@@ -8,7 +8,10 @@ with the evaluation run's settings) once per variant:
 
 - ``off``: no group stage;
 - ``sure-X``: ``SURE_CROP_NCC`` = X, containment followed through crops of crops (the shipped stage at its value);
-- ``direct-X``: the same, the copies of each direct container only (``group_candidates(chain=False)``).
+- ``direct-X``: the same, the copies of each direct container only (``group_candidates(chain=False)``);
+- ``gates-G``: the shipped stage with ``verify_floor`` and ``template_floor`` raised to G (decided and measured
+  with them): fewer pairs verified and searched (``verified`` and ``searched``: fractions of the split's candidate
+  pairs, as ``scripts/eval_duplicates.py`` counts them), and the stage lifting the gates where a crop is sure.
 
 For each, both splits' crop direction (the target), crop precision, crops reported on unrelated pairs and the
 edited-copy figures under the shipped thresholds. Not a timing run. Usage::
@@ -25,7 +28,7 @@ import json
 import sys
 from pathlib import Path
 
-VARIANTS = "off,sure-0.95,sure-0.97,sure-0.98,sure-0.99,direct-0.98"
+VARIANTS = "off,sure-0.95,sure-0.97,sure-0.98,sure-0.99,direct-0.98,gates-0.45,gates-0.50"
 
 
 def main() -> None:
@@ -61,22 +64,29 @@ def main() -> None:
         for name in args.variants.split(","):
             kind, _, value = name.partition("-")
             table, facts = base.take(np.ones(len(base), bool)), {}
+            decide = cfg
+            if kind == "gates":
+                decide = cfg.with_overrides({"verify_floor": float(value), "template_floor": float(value)})
             if kind != "off":
-                finder.SURE_CROP_NCC = float(value)
-                finder.group_candidates = functools.partial(shipped[0], chain=kind == "sure")
-                table, facts = finder._group_pairs(run.snapshot, table, records, resolve, run_cfg, cfg, args.workers,
-                                                   None)
+                finder.SURE_CROP_NCC = shipped[1] if kind == "gates" else float(value)
+                finder.group_candidates = functools.partial(shipped[0], chain=kind != "direct")
+                table, facts = finder._group_pairs(run.snapshot, table, records, resolve, run_cfg, decide,
+                                                   args.workers, None)
             res = {"group_stage": facts}
             for split in ("calibration", "test"):
-                ev = ev_mod.as_run(ev_mod.evaluation(run.labelled, run.splits, run.snapshot, table, split), cfg)
-                m = ev_mod.pair_metrics(ev, *rel.classify(ev.table, cfg), cfg)
+                ev = ev_mod.as_run(ev_mod.evaluation(run.labelled, run.splits, run.snapshot, table, split), decide)
+                m = ev_mod.pair_metrics(ev, *rel.classify(ev.table, decide), decide)
                 c = m["crops"]
+                sized = ev.small_side < decide.template_max_side if decide.template_max_side else None
                 res[split] = {"crop_direction": round(c["direction_right_of_all"], 4),
                               "crop_pairs_right": c["direction_right"], "crop_pairs": c["labelled_pairs"],
                               "crop_precision": round(c["precision"], 4),
                               "crops_on_unrelated_pairs": c["reported_by_label"]["unrelated"],
                               "edited_precision": round(m["edited"]["precision"], 4),
-                              "edited_recall": round(m["edited"]["recall"], 4)}
+                              "edited_recall": round(m["edited"]["recall"], 4),
+                              "verified": round(ev_mod.verified_fraction(ev.table, decide, decide.verify_floor), 4),
+                              "searched": round(ev_mod.located_fraction(ev.table, decide, decide.template_floor,
+                                                                        sized), 4)}
             out["variants"][name] = res
             print(f"{name}: {json.dumps(res)}", file=sys.stderr, flush=True)
     finally:

@@ -330,14 +330,14 @@ def test_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
     t = _table([
         dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
         dict(a=1, b=2, s_ab=0.95, s_ba=0.95, exact=True),                                     # 1 = 2: exact
-        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 3 in 0: sure crop
+        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 3 in 0: sure crop
         dict(a=0, b=4, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.85, box=box),  # 4 in 0: not sure
         dict(a=2, b=3, s_ab=0.6, s_ba=0.6),                                                   # already a pair
     ])
     # 3 with every member of 0's group: 0 (the sure pair itself), 1 (new) and 2 (a pair already, gated out or not)
     assert finder.group_candidates(t, cfg).tolist() == [[0, 3], [1, 3], [2, 3]]
     assert finder.group_candidates(t, cfg.with_overrides({"template_ncc": None})).tolist() == []  # no crops
-    alone = _table([dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box)])
+    alone = _table([dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box)])
     assert finder.group_candidates(alone, cfg).tolist() == [[0, 3]]  # a container with no copies: only itself
 
 
@@ -353,7 +353,7 @@ def test_group_candidates_follow_containment_through_crops_of_crops():
     t = _table([
         dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
         dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=40, cover_a=0.3, cover_b=1.0),             # 3 in 0: verified
-        dict(a=3, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 5 in 3: sure
+        dict(a=3, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 5 in 3: sure
         dict(a=5, b=6, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.85, box=box),  # 6 in 5: not sure
     ])
     relation, container = rel.classify(t, cfg)
@@ -361,9 +361,9 @@ def test_group_candidates_follow_containment_through_crops_of_crops():
     got = finder.group_candidates(t, cfg).tolist()
     assert got == [[0, 3], [0, 5], [1, 3], [1, 5], [3, 5]]
     cycle = _table([
-        dict(a=0, b=1, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 1 in 0: sure
-        dict(a=1, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.97, box=box),  # 2 in 1: sure
-        dict(a=0, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.97, ncc_ba=0.3, box=box),  # 0 in 2: sure (wrong)
+        dict(a=0, b=1, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 1 in 0: sure
+        dict(a=1, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 2 in 1: sure
+        dict(a=0, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.99, ncc_ba=0.3, box=box),  # 0 in 2: sure (wrong)
     ])
     assert finder.group_candidates(cycle, cfg).tolist() == [[0, 1], [0, 2], [1, 2]]
 
@@ -422,6 +422,8 @@ def test_a_crop_found_in_one_copy_becomes_a_candidate_of_the_others(dup_index, t
             assert relation[r] == finder.rel.CROP and container[r] == x
             through.append(int(t.by_group[r]))
         assert sorted(through) == [1, 2]  # the join's pair (the sure crop) marked, the other added through the group
+        saved = finder.store.latest(index, snap.version).table
+        assert saved.by_group.dtype == np.int8 and (saved.by_group == t.by_group).all()
         assert run.stored.settings["group_candidates"]["rounds"] >= 1
         r = rows[(min(cat, edited), max(cat, edited))]
         assert relation[r] == finder.rel.EDITED
@@ -623,13 +625,14 @@ def test_pairs_stored_before_the_template_search_load_unsearched_and_are_selecte
                 dict(a=0, b=2, s_ab=0.6, s_ba=0.6, files=True, inliers=90),    # verified: no need
                 dict(a=0, b=3, s_ab=0.3, s_ba=0.35, files=True)])              # under the gate
     arrays = {k: v for k, v in t.arrays().items()
-              if k not in ("located", "ncc_ab", "ncc_ba", "box", "refine_from")}
+              if k not in ("located", "ncc_ab", "ncc_ba", "box", "refine_from", "by_group")}
     path = store._file(tmp_path, 4)
     path.parent.mkdir(parents=True)
     np.savez(path, searched=np.arange(4), sha256=np.array([b"x"] * 4, "S64"), settings=np.array("{}"), **arrays)
     got = store.load(tmp_path, 4).table
     assert not got.located.any() and got.box.shape == (3, 4)
     assert np.isneginf(got.refine_from).all()  # written before the bar: every direction was at full size
+    assert got.by_group.dtype == np.int8 and not got.by_group.any()  # written before the group stage lifted gates
     from types import SimpleNamespace
 
     cfg = DuplicateConfig(min_inliers=15, verify_floor=0.4)
