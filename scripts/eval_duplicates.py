@@ -517,7 +517,7 @@ def main() -> None:
     run_cfg = DuplicateConfig(**{"floor": RUN_FLOOR, "neighbours": RUN_NEIGHBOURS, "prefilter": 0,
                                  "min_inliers": max(GRID["min_inliers"]), **parse_overrides(args.run_set)})
     t = time.time()
-    # candidates added through duplicate groups (finder.copy_group_candidates) as a shipped run adds them: decided
+    # candidates added through duplicate groups (finder.group_candidates) as a shipped run adds them: decided
     # by the shipped thresholds, not the run's low gates
     run = update_pairs(snapshot, run_cfg, threads=None,
                        groups_by=shipped_calibration(args.backbone) or DuplicateConfig())
