@@ -368,6 +368,48 @@ def test_group_candidates_follow_containment_through_crops_of_crops():
     assert finder.group_candidates(cycle, cfg).tolist() == [[0, 1], [0, 2], [1, 2]]
 
 
+def test_a_group_round_verifies_and_searches_the_pairs_the_token_gates_kept_out(monkeypatch):
+    """A shipped run verifies only pairs inside the token gates; the group stage marks the pairs through a sure crop
+    and sends the ones never matched to verification (then the template search), the matched but unsearched ones
+    to the template search alone, and new pairs to both; pairs already marked are left alone."""
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder
+
+    cfg = DuplicateConfig(floor=0.35, min_inliers=15, verify_floor=0.4, template_floor=0.45, template_ncc=0.8,
+                          template_margin=0.05, template_max_area=0.85, edited_min_cover=0.8, edited_max_cover=0.95)
+    box = [0.1, 0.1, 0.5, 0.5]
+    t = _table([
+        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97, files=True),  # 0 ~ 1: copies
+        dict(a=1, b=2, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97, files=True),  # 1 ~ 2: copies
+        dict(a=0, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box,
+             files=True),                                                                        # 5 in 0: sure
+        dict(a=1, b=5, s_ab=0.36, s_ba=0.3),                  # under verify_floor: never matched
+        dict(a=2, b=4, s_ab=0.5, s_ba=0.5, files=True),       # unrelated to the crop: left alone
+    ])
+    calls = []
+    monkeypatch.setattr(finder, "_verify", lambda pairs, records, resolve, config, workers, progress, rows_all=None,
+                        match=True: calls.append((len(pairs), None if rows_all is None else rows_all.tolist(), match)))
+    monkeypatch.setattr(finder, "score_pairs", lambda snap, a, b: (np.full(len(a), 0.2, np.float32),
+                                                                    np.full(len(a), 0.2, np.float32)))
+    monkeypatch.setattr(finder, "_exact", lambda pairs, records, resolve, config: None)
+    records = {i: SimpleNamespace(width=300, height=200) for i in range(6)}
+    new, marked, added = finder._group_round(None, t, records, None, cfg, cfg, 1, None)
+    assert t.by_group.tolist() == [0, 0, 1, 1, 0] and marked == 2  # the sure pair itself and (1, 5)
+    assert new.a.tolist() == [2] and new.b.tolist() == [5] and new.by_group.tolist() == [2] and added == 1
+    assert calls == [(5, [3], True), (1, None, True)]  # (1, 5) matched (then searched); the new pair (2, 5)
+    assert finder.to_verify(new, cfg).tolist() == [0]  # ... is verified though its tokens score 0.2
+    calls.clear()
+    again = finder._group_round(None, finder.PairTable.concat([t, new]), records, None, cfg, cfg, 1, None)
+    assert again[1:] == (0, 0) and calls == []  # every pair marked already: nothing again
+    # a pair matched by the run but kept out of the template search by template_floor: searched alone
+    t3 = _table([dict(a=0, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box, files=True),
+                 dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97, files=True),
+                 dict(a=1, b=5, s_ab=0.42, s_ba=0.3, files=True, inliers=3)])
+    finder._group_round(None, t3, records, None, cfg, cfg, 1, None)
+    assert calls == [(3, [2], False)]
+
+
 def test_pairs_through_a_sure_crop_are_decided_by_their_evidence_not_the_token_gates():
     """A pair paired through a sure crop (``by_group``) is decided by its verification and template search even
     below the floor, ``verify_floor`` and ``template_floor``; the same evidence without the flag is not."""
