@@ -20,12 +20,13 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from bench.duplicates_labelled import stored_run, stored_run_parser
 
 
 def inferred(t, relation, container, confident) -> dict[tuple[int, int], int]:
@@ -57,15 +58,10 @@ def figures(reported: dict, ev) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/work/cache/dup-eval-n16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default="/work/cache/photos")
+    p = stored_run_parser(__doc__)
     p.add_argument("--ncc", default="0.9,0.95", help="comma-separated template peaks that make a crop confident")
-    p.add_argument("--json")
     args = p.parse_args()
 
-    from bench.duplicates_labelled import stored_run
     from regis.duplicates import relations as rel
 
     run = stored_run(args.work, args.corpus, args.seed)

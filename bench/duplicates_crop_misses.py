@@ -22,24 +22,20 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import sys
 from pathlib import Path
 
+from bench.duplicates_labelled import stored_run, stored_run_parser
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/work/cache/dup-eval-n16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default="/work/cache/photos")
-    p.add_argument("--json")
+    p = stored_run_parser(__doc__)
     args = p.parse_args()
 
     import numpy as np
 
-    from bench.duplicates_labelled import stored_run
     from regis.duplicates import relations as rel
 
     run = stored_run(args.work, args.corpus, args.seed)

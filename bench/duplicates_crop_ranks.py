@@ -21,10 +21,11 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from bench.duplicates_labelled import stored_run, stored_run_parser
 
 CUTS = (16, 24, 32, 64)
 
@@ -64,17 +65,12 @@ def csls(score, k):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/work/cache/dup-eval-n16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default="/work/cache/photos")
+    p = stored_run_parser(__doc__)
     p.add_argument("--csls", default="8,16", help="background sizes K of the csls rankings")
-    p.add_argument("--json")
     args = p.parse_args()
 
     import numpy as np
 
-    from bench.duplicates_labelled import stored_run
 
     run = stored_run(args.work, args.corpus, args.seed)
     neighbours = run.cfg.neighbours

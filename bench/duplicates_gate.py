@@ -30,12 +30,13 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from bench.duplicates_labelled import stored_run, stored_run_parser
 
 BEST_TOKEN = [None, 0.60, 0.65, 0.70, 0.75, 0.78, 0.80, 0.82, 0.84, 0.86, 0.88, 0.90]
 S_HI = [None, 0.40, 0.45, 0.50, 0.55, 0.60]
@@ -88,16 +89,12 @@ def gated(ev, verify_mask: np.ndarray | None = None, locate_mask: np.ndarray | N
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/work/cache/dup-eval")
-    p.add_argument("--corpus", default="/work/cache/photos", help="the Debian corpus the set was built from")
-    p.add_argument("--json")
+    p = stored_run_parser(__doc__, work="/work/cache/dup-eval")
     args = p.parse_args()
 
-    from bench.duplicates_labelled import stored_run
     from regis.duplicates.finder import to_verify
 
-    run = stored_run(args.work, args.corpus)
+    run = stored_run(args.work, args.corpus, args.seed)
     ev_mod, cfg, labelled, snapshot, stored, splits = (run.ev_mod, run.cfg, run.labelled, run.snapshot, run.stored,
                                                         run.splits)
     enc = snapshot.manifest.encoder

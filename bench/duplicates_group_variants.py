@@ -22,28 +22,24 @@ edited-copy figures under the shipped thresholds. Not a timing run. Usage::
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
 from pathlib import Path
 
+from bench.duplicates_labelled import stored_run, stored_run_parser
+
 VARIANTS = "off,sure-0.95,sure-0.97,sure-0.98,sure-0.99,direct-0.98,gates-0.45,gates-0.50"
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/work/cache/dup-eval-n16")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default="/work/cache/photos")
+    p = stored_run_parser(__doc__)
     p.add_argument("--variants", default=VARIANTS)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--json")
     args = p.parse_args()
 
     import numpy as np
 
-    from bench.duplicates_labelled import stored_run
     from regis.duplicates import finder
     from regis.duplicates import relations as rel
     from regis.duplicates.config import DuplicateConfig

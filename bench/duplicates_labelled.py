@@ -3,6 +3,7 @@ builds it under ``WORK/debian-s0``: ``files`` the set, ``index`` its index and t
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -31,6 +32,18 @@ class StoredRun:
     snapshot: object  # regis.indexes.snapshot.IndexSnapshot of root / "index"
     stored: object  # regis.duplicates.store.StoredPairs of its version
     splits: dict  # family -> "calibration" | "test"
+
+
+def stored_run_parser(doc: str | None, work: str = "/work/cache/dup-eval-n16") -> argparse.ArgumentParser:
+    """The command line of a bench that reads a stored run: ``--work`` (``scripts/eval_duplicates.py``'s),
+    ``--seed`` (the set's draw), ``--corpus`` (the Debian photos the set was made from) and ``--json`` (where the
+    figures go); the bench adds its own options."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=work)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corpus", default="/work/cache/photos", help="the Debian corpus the set was built from")
+    p.add_argument("--json")
+    return p
 
 
 def stored_run(work: str | Path, corpus: str | Path, seed: int = 0) -> StoredRun:

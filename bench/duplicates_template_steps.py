@@ -17,13 +17,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.duplicates_labelled import stored_run, stored_run_parser
 
 
 def parse_variant(text: str) -> tuple[int, bool, int | None, bool]:
@@ -41,23 +42,19 @@ def parse_variant(text: str) -> tuple[int, bool, int | None, bool]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", default="/work/cache/dup-eval")
-    p.add_argument("--corpus", default="/work/cache/photos")
+    p = stored_run_parser(__doc__, work="/work/cache/dup-eval")
     p.add_argument("--variants", default="10,10s,14", help="comma-separated: scales at half size, 's': spread")
     p.add_argument("--timing-sample", type=int, default=600, help="pairs timed (random, seed 0)")
-    p.add_argument("--json")
     args = p.parse_args()
 
     import cv2
 
     from bench.common import machine_info
-    from bench.duplicates_labelled import stored_run
     from regis.duplicates.geometry import load_gray
     from regis.duplicates.template import REFINE_BELOW_RULE, STEPS, locate, thumbnail
 
     cv2.setNumThreads(1)
-    run = stored_run(args.work, args.corpus)
+    run = stored_run(args.work, args.corpus, args.seed)
     ev_mod, cfg, root, labelled, snapshot, stored, splits = (run.ev_mod, run.cfg, run.root, run.labelled,
                                                               run.snapshot, run.stored, run.splits)
     recs = snapshot.table.get_many(snapshot.store.live_ids.tolist())

@@ -61,9 +61,10 @@ class DuplicatePair(BaseModel):
     scores: PairScores
     verified: bool = Field(description="the relation comes from the geometry (false: from the token scores alone: no "
                                        "file to read, or too few consistent matches)")
-    through_group: bool = Field(False, description="paired through a crop found with confidence: this image lies in "
-                                                   "a copy (or a container) of the other, so the pair was checked "
-                                                   "whatever its token scores")
+    through_group: bool = Field(False, description="one image is a crop found with confidence in the other, or in a "
+                                                   "copy or a container of it, so the pair was verified and searched "
+                                                   "whatever its token scores (its evidence alone decides its "
+                                                   "relation)")
     geometry: PairGeometry | None
     template: PairTemplate | None = Field(None, description="the template search, run on pairs the geometry did not "
                                                             "verify (a crop of a small image); null when not run")
