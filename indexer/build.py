@@ -16,11 +16,12 @@ from pathlib import Path
 
 from indexer.embed import BuildOptions, BuildReport, embed_entries
 from indexer.job_record import job_record
-from indexer.metadata import FACTS_KEY, read_sidecar
+from indexer.metadata import read_sidecar
 from indexer.resume import BuildStaging
 from indexer.scan import FileEntry, file_sha256, plan_changes, scan_folder
 from indexer.writers import open_writer
 from regis.errors import ConfigError, RegisError
+from regis.images.exif import FACTS_KEY
 from regis.indexes.table import ImageRecord
 from regis.indexes.thumbnails import remove_thumbnails
 from regis.indexes.uploads import UPLOADS_PREFIX, is_upload_path

@@ -15,13 +15,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from indexer.dataset import ImageFileDataset, collate_items
-from indexer.metadata import FACTS_KEY
 from indexer.resume import BuildStaging
 from indexer.scan import FileEntry
 from regis.errors import Interrupted
 from regis.faults import pause_point
 from regis.images.decode import DEFAULT_MAX_PIXELS
-from regis.images.exif import path_facts
+from regis.images.exif import FACTS_KEY, path_facts
 from regis.indexes.table import ImageRecord
 from regis.indexes.writer import IndexWriter
 from regis.models.batching import encode_grouped

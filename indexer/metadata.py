@@ -8,11 +8,11 @@ import math
 from pathlib import Path
 
 from regis.errors import ConfigError
+from regis.images.exif import FACTS_KEY  # the build's file facts live under this key; user metadata may not set it
 from regis.indexes import json_values
 
 SIDECAR_SUFFIX = ".json"
 MAX_METADATA_BYTES = json_values.MAX_METADATA_BYTES
-FACTS_KEY = "file"  # the build's file facts live under this key; user metadata may not set it
 
 
 def _number(text: str):

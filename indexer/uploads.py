@@ -16,10 +16,10 @@ from pathlib import Path
 
 from indexer.embed import BuildOptions, BuildReport, embed_entries
 from indexer.job_record import job_record
-from indexer.metadata import FACTS_KEY
 from indexer.scan import FileEntry
 from indexer.writers import open_live_writer, open_writer
 from regis.faults import crash_point
+from regis.images.exif import FACTS_KEY
 from regis.indexes.table import ImageRecord
 from regis.indexes.thumbnails import remove_thumbnails
 from regis.indexes.uploads import is_upload_path, place_upload, upload_file, uploads_lock

@@ -321,6 +321,56 @@ def test_real_photos_copy_found_crop_direction_right_other_shot_kept_apart(dup_i
     assert out["counts"]["duplicate_groups"] == 1
 
 
+def test_two_shots_by_their_exif_times_are_never_edited_copies():
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder
+
+    cfg = DuplicateConfig(floor=0.45, min_inliers=15, edited_min_cover=0.8, edited_max_cover=0.95, crop_cover=0.9,
+                          token_edited=0.97, token_scene=0.75)
+    t = _table([
+        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),   # geometry: edited copy
+        dict(a=0, b=2, s_ab=0.98, s_ba=0.985),                                         # tokens: edited copy
+        dict(a=0, b=3, s_ab=1.0, s_ba=1.0, exact=True),                                # the same bytes
+        dict(a=0, b=4, s_ab=0.6, s_ba=0.7, inliers=80, cover_a=0.30, cover_b=1.0),     # a crop
+    ])
+    assert rel.classify(t, cfg)[0].tolist() == [rel.EDITED, rel.EDITED, rel.EXACT, rel.CROP]
+    meta = {0: "2024-05-01T10:00:00.10", 1: "2024-05-01T10:00:00.30", 2: "2024-05-01T10:00:01", 3: "x", 4: "y"}
+    records = {i: SimpleNamespace(metadata={"file": {"captured_at": v}}) for i, v in meta.items()}
+    finder.mark_shots(t, records)
+    assert t.shots.all()
+    assert rel.classify(t, cfg)[0].tolist() == [rel.SCENE, rel.SCENE, rel.EXACT, rel.CROP]
+    assert "EXIF capture times differ" in rel.describe(rel.SCENE, 0, 1, -1, 0.99, 0.97, True, shots=True)
+    # the same time, or one image without it: no evidence either way
+    records[1] = SimpleNamespace(metadata={"file": {"captured_at": meta[0]}})
+    records[2] = SimpleNamespace(metadata={"file": {"taken_at": "2024-05-01T10:00:01"}})
+    records[3] = SimpleNamespace(metadata={})
+    finder.mark_shots(t, records)
+    assert t.shots.tolist() == [False, False, False, True]
+
+
+def test_exif_facts_give_the_exposure_time_only_from_date_time_original():
+    from regis.images.exif import captured_at, exif_facts
+
+    def jpeg(tags: dict, sub: dict) -> bytes:
+        exif = Image.Exif()
+        for k, v in tags.items():
+            exif[k] = v
+        for k, v in sub.items():
+            exif.get_ifd(0x8769)[k] = v
+        buf = io.BytesIO()
+        Image.new("RGB", (16, 16), "red").save(buf, format="JPEG", exif=exif)
+        return buf.getvalue()
+
+    both = exif_facts(jpeg({0x0132: "2024:05:02 09:00:00"}, {0x9003: "2024:05:01 10:00:00", 0x9291: "120"}))
+    assert both["taken_at"] == "2024-05-01T10:00:00" and both["captured_at"] == "2024-05-01T10:00:00.120"
+    edited = exif_facts(jpeg({0x0132: "2024:05:02 09:00:00"}, {}))  # an editor's DateTime only: not an exposure
+    assert edited == {"taken_at": "2024-05-02T09:00:00"}
+    assert exif_facts(jpeg({}, {0x9003: "2024:05:01 10:00:00", 0x9291: "ab"}))["captured_at"] == "2024-05-01T10:00:00"
+    assert captured_at({"file": both}) == both["captured_at"] and captured_at({}) is None
+    assert captured_at({"file": "not facts"}) is None
+
+
 def test_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
     from regis.duplicates import finder
 
@@ -393,7 +443,7 @@ def test_a_group_round_verifies_and_searches_the_pairs_the_token_gates_kept_out(
     monkeypatch.setattr(finder, "score_pairs", lambda snap, a, b: (np.full(len(a), 0.2, np.float32),
                                                                     np.full(len(a), 0.2, np.float32)))
     monkeypatch.setattr(finder, "_exact", lambda pairs, records, resolve, config: None)
-    records = {i: SimpleNamespace(width=300, height=200) for i in range(6)}
+    records = {i: SimpleNamespace(width=300, height=200, metadata={}) for i in range(6)}
     new, marked, added = finder._group_round(None, t, records, None, cfg, cfg, 1, None)
     assert t.by_group.tolist() == [0, 0, 1, 1, 0] and marked == 2  # the sure pair itself and (1, 5)
     assert new.a.tolist() == [2] and new.b.tolist() == [5] and new.by_group.tolist() == [2] and added == 1
@@ -613,6 +663,64 @@ def test_a_moved_camera_shot_is_the_same_scene(photos_dir, name):
 @pytest.mark.parametrize("name", ["skimage-coffee.png", "skimage-chelsea.png"])
 def test_a_burst_frame_is_the_same_scene(photos_dir, name):
     assert _relation_of_shots(photos_dir, name, 0.02) == "same_scene"
+
+
+def _shot_with_exif(img: Image.Image, path, when: str | None, subsec: str | None, scale: float = 1.0) -> None:
+    """``img`` as a JPEG at ``path`` whose EXIF says it was exposed at ``when`` ("YYYY:MM:DD HH:MM:SS") and
+    ``subsec`` (None: no EXIF)."""
+    exif = Image.Exif()
+    if when is not None:
+        exif.get_ifd(0x8769)[0x9003] = when
+        if subsec is not None:
+            exif.get_ifd(0x8769)[0x9291] = subsec
+    if scale != 1.0:
+        img = img.resize((round(img.width * scale), round(img.height * scale)), Image.BICUBIC)
+    img.save(path, format="JPEG", quality=85, exif=exif)
+
+
+@pytest.mark.slow
+def test_burst_frames_with_their_exif_times_are_two_shots_and_kept_apart(tmp_path, photos_dir, lite0_encoder):
+    """Two burst frames of one scene (the camera moved by 2 % of the width, a moved subject, their own exposure:
+    an edited copy's geometry, ``test_a_burst_frame_is_the_same_scene``) exposed 0.2 s apart by the EXIF: reported
+    as two shots of the same scene, never grouped; a resized copy of one frame that keeps its EXIF stays its edited
+    copy; without the EXIF times the same evidence would group the frames."""
+    from conftest import build
+    from regis.data.near_duplicates import shot_of
+    from regis.duplicates import store
+    from regis.duplicates.api import find_duplicates, index_config
+
+    img = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB")
+    w, h = img.size
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "burst"
+    folder.mkdir()
+    frames = []
+    for x0, y0 in ((0.0, 0.0), (0.02 * w, 0.01 * h)):
+        data, _ = shot_of(img, (x0, y0, x0 + 0.9 * w, y0 + 0.9 * h), (round(0.7 * w), round(0.7 * h)), rng)
+        frames.append(Image.open(io.BytesIO(data)).convert("RGB"))
+    _shot_with_exif(frames[0], folder / "frame1.jpg", "2024:05:01 10:00:00", "10")
+    _shot_with_exif(frames[1], folder / "frame2.jpg", "2024:05:01 10:00:00", "30")
+    _shot_with_exif(frames[0], folder / "frame1-small.jpg", "2024:05:01 10:00:00", "10", scale=0.7)
+    shutil.copy(photos_dir / "skimage-astronaut.png", folder / "astronaut.png")
+    index = tmp_path / "index"
+    build(folder, index, lite0_encoder)
+    paths = _paths(index)
+    with _open(index) as snap:
+        out = find_duplicates(snap)
+        table, config = store.latest(index, snap.version).table, index_config(snap)
+    burst = _pair(out, paths, "frame1.jpg", "frame2.jpg")
+    assert burst is not None and burst["relation"] == "same_scene" and burst["verified"]
+    assert "EXIF capture times differ" in burst["words"]
+    copy = _pair(out, paths, "frame1.jpg", "frame1-small.jpg")
+    assert copy is not None and copy["relation"] == "edited_copy"
+    group = next(g for g in out["groups"] if paths["frame1.jpg"] in [i["id"] for i in g["images"]])
+    assert sorted(i["id"] for i in group["images"]) == sorted([paths["frame1.jpg"], paths["frame1-small.jpg"]])
+    # the evidence alone (no EXIF): the frames would be an edited copy of each other
+    a, b = sorted((paths["frame1.jpg"], paths["frame2.jpg"]))
+    row = int(np.flatnonzero((table.a == a) & (table.b == b))[0])
+    assert table.shots[row]
+    table.shots[:] = False
+    assert rel.classify(table.take([row]), config)[0][0] == rel.EDITED
 
 
 def test_stored_pairs_are_reused_only_when_they_were_verified_at_or_below_the_gate(monkeypatch):

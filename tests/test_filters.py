@@ -106,7 +106,8 @@ def test_build_records_csv_jsonl_sidecar_metadata_and_file_facts(tmp_path, photo
     assert meta["coffee.png"] == {"album": "kitchen", "year": 2021, "stars": 4,  # the CSV wins over the sidecar
                                   "file": {"folder": "", "name": "coffee.png", "ext": "png"}}
     assert meta["sub/cam.jpg"] == {"stars": 2, "file": {"folder": "sub", "name": "cam.jpg", "ext": "jpg",
-                                                        "taken_at": "2019-05-01T12:30:00", "camera": "Canon EOS 5D"}}
+                                                        "taken_at": "2019-05-01T12:30:00", "camera": "Canon EOS 5D",
+                                                        "captured_at": "2019-05-01T12:30:00"}}
     # new metadata for unchanged files: a new version, no re-embedding
     report = build(folder, index, tiny_encoder, metadata=load_metadata_file(tmp_path / "meta.jsonl"))
     assert (report.added, report.updated, report.version) == (0, 0, 2)

@@ -8,7 +8,8 @@ incremental from the pairs stored with an earlier version.
 2. only the other images (new, or changed since) are searched (``regis.duplicates.selfjoin.self_join``): their
    pairs with every live image;
 3. new pairs with the same SHA-256 are exact copies; pairs of the same size whose tokens agree to
-   ``exact_tokens`` are decoded and compared pixel by pixel;
+   ``exact_tokens`` are decoded and compared pixel by pixel; every pair whose two images carry different EXIF
+   exposure times is marked two shots (``mark_shots``: never an edited copy);
 4. new pairs whose token scores reach ``verify_floor`` are verified geometrically (``regis.duplicates.geometry``)
    when both files can be read, on ``workers`` threads (OpenCV and FAISS release the GIL); each image's features
    are computed once into a bounded cache, the pairs taken in an order that keeps pairs of one image together;
@@ -45,6 +46,7 @@ from regis.duplicates.selfjoin import score_pairs, self_join
 from regis.duplicates.store import PairTable, StoredPairs
 from regis.duplicates.template import REFINE_BELOW_RULE, locate
 from regis.errors import ImageDecodeError
+from regis.images.exif import captured_at
 from regis.indexes.snapshot import IndexSnapshot
 from regis.indexes.table import ImageRecord
 
@@ -196,6 +198,19 @@ class _Features:
             self.cache.popitem(last=False)
         self.seconds += time.perf_counter() - t0
         return out
+
+
+def mark_shots(pairs: PairTable, records: dict[int, ImageRecord]) -> None:
+    """Set ``pairs.shots`` in place: both images' records carry an EXIF exposure time (``file.captured_at``,
+    ``regis.images.exif``) and they differ (two shots: ``relations`` never calls them edited copies). From the
+    records of the run's index version, so a metadata update (a new version) is seen by the next run."""
+    if len(pairs) == 0:
+        return
+    ids = np.unique(np.concatenate([pairs.a, pairs.b]))
+    when = {i: captured_at(records[i].metadata) if i in records else None for i in ids.tolist()}
+    ta = [when[int(x)] for x in pairs.a]
+    tb = [when[int(x)] for x in pairs.b]
+    pairs.shots[:] = [x is not None and y is not None and x != y for x, y in zip(ta, tb, strict=True)]
 
 
 def to_verify(pairs: PairTable, config: DuplicateConfig) -> np.ndarray:
@@ -414,6 +429,7 @@ def _group_round(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, I
     new.a, new.b, new.by_group[:] = found[:, 0], found[:, 1], 2
     new.s_ab, new.s_ba = score_pairs(snapshot, new.a, new.b)
     _exact(new, records, resolve, config)
+    mark_shots(new, records)
     if config.verify:
         _verify(new, records, resolve, config, workers, progress)
     return new, len(marked), len(new)
@@ -466,6 +482,7 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         prev = _reusable(snapshot, config, full)
         if prev is not None and prev.version == snapshot.version:
             records = _live(snapshot)[2]
+            mark_shots(prev.table, records)  # files written before the field: read from this version's records
             missing = to_locate(prev.table, config, records)
             if len(missing) == 0:
                 return DuplicateRun.of(prev)
@@ -498,8 +515,10 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         t3 = time.perf_counter()
         verified = _verify(new, records, resolve, config, workers, progress) if config.verify else None
         t4 = time.perf_counter()
-        table, grouped = _group_pairs(snapshot, PairTable.concat([old, new]), records, resolve, config,
-                                      groups_by or config, workers, progress)
+        table = PairTable.concat([old, new])
+        mark_shots(table, records)  # the kept pairs too: their images' metadata may have changed since
+        table, grouped = _group_pairs(snapshot, table, records, resolve, config, groups_by or config, workers,
+                                      progress)
         t5 = time.perf_counter()
         timings = {"join": (t2 - t1) * 1e3, "exact": (t3 - t2) * 1e3, "verify": (t4 - t3) * 1e3,
                    "copy_groups": (t5 - t4) * 1e3, "total": (time.perf_counter() - t0) * 1e3}

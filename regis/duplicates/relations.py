@@ -22,6 +22,9 @@ Rules, in order:
 3. An unverified pair (no file to read, too few consistent matches, or token scores below ``verify_floor``, so
    not verified): ``edited_copy`` when the MaxSim per token is at least ``token_edited`` both ways;
    ``same_scene`` when it is at least ``token_scene`` either way; else none (the pair is dropped).
+4. Two shots (``PairTable.shots``: their EXIF exposure times differ) that rules 2-3 call an edited copy are
+   ``same_scene``: a burst frame framing 95 % of the other's view has an edited copy's geometry, but two exposures
+   are two photos.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def classify(table, config: DuplicateConfig) -> tuple[np.ndarray, np.ndarray]:
     rel[scene | t_scene] = SCENE
     rel[crop | t_crop] = CROP
     rel[edited | t_edited] = EDITED
+    rel[(rel == EDITED) & table.shots] = SCENE  # two exposures (rule 4)
     rel[table.exact] = EXACT
     # pairs stored with a lower floor than this call's (not those through a sure crop: their evidence decides)
     rel[(s_hi < config.floor) & ~table.exact & (table.by_group == 0)] = NONE
@@ -107,8 +111,10 @@ def template_crops(table, config: DuplicateConfig) -> np.ndarray:
     return gated & (hi >= config.template_ncc) & (margin >= config.template_margin) & (area <= config.template_max_area)
 
 
-def describe(relation: int, a: int, b: int, container: int, cover_a: float, cover_b: float, verified: bool) -> str:
-    """The relation of a pair in words, e.g. "image 7 is a crop of image 3 (it shows 34 % of it)"."""
+def describe(relation: int, a: int, b: int, container: int, cover_a: float, cover_b: float, verified: bool,
+             shots: bool = False) -> str:
+    """The relation of a pair in words, e.g. "image 7 is a crop of image 3 (it shows 34 % of it)"; ``shots``: their
+    EXIF exposure times differ (said for the same scene)."""
     if relation == EXACT:
         return f"images {a} and {b} are exact copies (the same bytes or the same pixels)"
     if relation == EDITED:
@@ -118,6 +124,8 @@ def describe(relation: int, a: int, b: int, container: int, cover_a: float, cove
         inner = b if container == a else a
         shown = cover_b if container == b else cover_a  # the part of the container the crop covers
         return f"image {inner} is a crop of image {container} (it shows {round(100 * shown)} % of it)"
+    if relation == SCENE and shots:
+        return f"images {a} and {b} are two shots of the same scene (their EXIF capture times differ)"
     if relation == SCENE:
         if verified:
             return (f"images {a} and {b} show the same scene from another shot ({round(100 * cover_a)} % of {a} "

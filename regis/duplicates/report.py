@@ -80,7 +80,8 @@ def pair_json(table: PairTable, row: int, relation: int, container: int, config:
     return {
         "a": a, "b": b, "relation": rel.NAMES[int(relation)],
         "contains": int(container) if container >= 0 else None,
-        "words": rel.describe(int(relation), a, b, int(container), covers[0], covers[1], verified),
+        "words": rel.describe(int(relation), a, b, int(container), covers[0], covers[1], verified,
+                              bool(table.shots[row])),
         "scores": {"a_to_b": round(float(table.s_ab[row]), 4), "b_to_a": round(float(table.s_ba[row]), 4)},
         "verified": verified, "through_group": bool(table.by_group[row]), "geometry": geometry, "template": template,
         "explanation": None,

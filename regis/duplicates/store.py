@@ -58,6 +58,9 @@ class PairTable:
             duplicate groups (``finder.group_candidates``): verified, searched and decided whatever its token scores
             (the candidate floor and the verification and template gates do not apply). 0: no; 1: a candidate of
             the self-join; 2: added by the group stage (not a candidate of the join); 0 in files written before.
+        shots: bool, both images carry an EXIF exposure time (``regis.images.exif``: ``captured_at``) and they
+            differ: two shots, never edited copies of one photo (set by ``finder.mark_shots`` from the image
+            records on every run; False in files written before it existed).
     """
 
     a: np.ndarray
@@ -80,6 +83,7 @@ class PairTable:
     pre: np.ndarray
     refine_from: np.ndarray
     by_group: np.ndarray
+    shots: np.ndarray
 
     @classmethod
     def empty(cls, p: int = 0) -> PairTable:
@@ -89,7 +93,7 @@ class PairTable:
                    np.zeros(p, np.float32), np.zeros((p, 4, 2), np.float32), np.zeros((p, 4, 2), np.float32),
                    np.zeros(p, np.float32), np.zeros(p, bool), np.zeros(p, bool), np.zeros(p, np.float32),
                    np.zeros(p, np.float32), np.zeros((p, 4), np.float32), np.full(p, -1, np.int32),
-                   np.full(p, -np.inf, np.float32), np.zeros(p, np.int8))
+                   np.full(p, -np.inf, np.float32), np.zeros(p, np.int8), np.zeros(p, bool))
 
     def __len__(self) -> int:
         return len(self.a)
