@@ -657,9 +657,10 @@ def test_a_moved_camera_shot_is_the_same_scene(photos_dir, name):
     assert _relation_of_shots(photos_dir, name, 0.20) == "same_scene"
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation (docs/DUPLICATES.md): a burst frame whose camera moved by "
-                   "2 % of the width frames 95 % of the same view, so its geometry is an edited copy's and it is "
-                   "grouped with the other frame; the labelled set's other shots (55-75 % windows) do not cover it")
+@pytest.mark.xfail(strict=True, reason="known limitation (docs/DUPLICATES.md): without EXIF capture times, a burst "
+                   "frame whose camera moved by 2 % of the width frames 95 % of the same view, so its geometry is an "
+                   "edited copy's and it is grouped with the other frame; the labelled set's other shots (55-75 % "
+                   "windows) do not cover it")
 @pytest.mark.parametrize("name", ["skimage-coffee.png", "skimage-chelsea.png"])
 def test_a_burst_frame_is_the_same_scene(photos_dir, name):
     assert _relation_of_shots(photos_dir, name, 0.02) == "same_scene"
