@@ -355,7 +355,7 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
 SURE_CROP_NCC = 0.98  # a crop pair is sure enough to pair its crop with every image containing its container when its
 # template peak reaches this (or it was verified geometrically). On the labelled set's calibration split (seed 1) every
 # value of 0.95-0.99 finds the same crops; below 0.98 some small crops of plain backgrounds, found in unrelated photos,
-# are paired with those photos' copies and called their crops (0.95: 72 more false crops, precision 0.872 -> 0.855;
+# are paired with those photos' copies and called their crops (0.95: 75 more false crops, precision 0.873 -> 0.855;
 # python -m bench.duplicates_group_variants, docs/results/duplicates/group-variants-seed1.json)
 GROUP_ROUNDS = 3  # rounds of ``group_candidates``: a round's verified pairs can make crops sure for the next
 
