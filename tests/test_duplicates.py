@@ -505,7 +505,7 @@ def test_a_crop_found_in_one_copy_becomes_a_candidate_of_the_others(dup_index, t
         t = run.stored.table
         relation, container = finder.rel.classify(t, cfg)
         rows = {(int(a), int(b)): r for r, (a, b) in enumerate(zip(t.a.tolist(), t.b.tolist(), strict=True))}
-        assert run.stored.settings["copy_group_pairs"] >= 1
+        assert run.stored.settings["group_candidates"]["added"] >= 1
         found = [(x, crop) for x in (cat, edited) if (min(x, crop), max(x, crop)) in rows]
         assert len(found) == 2  # both copies paired with the crop, one of them through the group
         through = []

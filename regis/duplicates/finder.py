@@ -524,8 +524,7 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
                    "copy_groups": (t5 - t4) * 1e3, "total": (time.perf_counter() - t0) * 1e3}
         settings = {"candidates": config.candidate_settings(), "searched": int(len(query)), "timings_ms": timings,
                     "from_version": prev.version if prev is not None else None, "reused_pairs": len(old),
-                    "verification": verified, "join": join_stats, "copy_group_pairs": grouped["added"],
-                    "group_candidates": grouped}
+                    "verification": verified, "join": join_stats, "group_candidates": grouped}
         stored = StoredPairs(snapshot.version, table, ids, sha, settings)
         store.save(snapshot.index_dir, stored)
         return DuplicateRun(stored, int(len(query)), len(old), prev.version if prev is not None else None, timings)
