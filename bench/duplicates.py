@@ -260,10 +260,12 @@ def main() -> None:
     p.add_argument("--rates", help="verification's wall rates for the estimate when no --files-index run measures "
                    "them: FEATURE_MS,MATCH_MS,LOCATE_MS,LOCATED_SHARE (ms per feature extraction, per pair "
                    "matched in full, per pair searched by template; share of verified pairs searched by template)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", dest="overrides",
+                   help="a setting or threshold instead of the shipped one (e.g. neighbours=8), repeatable")
     p.add_argument("--json")
     args = p.parse_args()
 
-    from regis.duplicates.config import DuplicateConfig, shipped_calibration
+    from regis.duplicates.config import DuplicateConfig, parse_overrides, shipped_calibration
     from regis.models.registry import DEFAULT_BACKBONE
 
     load0 = os.getloadavg()[0]
@@ -275,6 +277,7 @@ def main() -> None:
     built = write_index(index, db[:args.n])
     print(f"index of {args.n} images built in {built['build_s']:.0f} s ({built['faiss']})", file=sys.stderr)
     config = (shipped_calibration(DEFAULT_BACKBONE) or DuplicateConfig()).model_copy(update={"calibration": None})
+    config = config.with_overrides(parse_overrides(args.overrides))
     measured = None
     if args.files_index:  # first: verification's rates, with real files
         measured = measured_run_with_files(Path(args.files_index), work, config)

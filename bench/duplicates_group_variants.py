@@ -9,6 +9,9 @@ with the evaluation run's settings) once per variant:
 - ``off``: no group stage;
 - ``sure-X``: ``SURE_CROP_NCC`` = X, containment followed through crops of crops (the shipped stage at its value);
 - ``direct-X``: the same, the copies of each direct container only (``group_candidates(chain=False)``);
+- ``unclosed-X``, ``nosiblings-X``: the same without the pairs within each duplicate group (``closed=False``) or
+  without the pairs of sure crops of one group (``siblings=False``); ``open-X``: without both (the stage before
+  2026-11-30, afternoon);
 - ``gates-G``: the shipped stage with ``verify_floor`` and ``template_floor`` raised to G (decided and measured
   with them): fewer pairs verified and searched (``verified`` and ``searched``: fractions of the split's candidate
   pairs, as ``scripts/eval_duplicates.py`` counts them), and the stage lifting the gates where a crop is sure.
@@ -29,7 +32,7 @@ from pathlib import Path
 
 from bench.duplicates_labelled import stored_run, stored_run_parser
 
-VARIANTS = "off,sure-0.95,sure-0.97,sure-0.98,sure-0.99,direct-0.98,gates-0.45,gates-0.50"
+VARIANTS = "off,open-0.85,unclosed-0.85,nosiblings-0.85,sure-0.80,sure-0.85,sure-0.90,sure-0.95,sure-0.98,direct-0.85"
 
 
 def main() -> None:
@@ -65,7 +68,9 @@ def main() -> None:
                 decide = cfg.with_overrides({"verify_floor": float(value), "template_floor": float(value)})
             if kind != "off":
                 finder.SURE_CROP_NCC = shipped[1] if kind == "gates" else float(value)
-                finder.group_candidates = functools.partial(shipped[0], chain=kind != "direct")
+                finder.group_candidates = functools.partial(shipped[0], chain=kind != "direct",
+                                                            closed=kind not in ("open", "unclosed"),
+                                                            siblings=kind not in ("open", "nosiblings"))
                 table, facts = finder._group_pairs(run.snapshot, table, records, resolve, run_cfg, decide,
                                                    args.workers, None)
             res = {"group_stage": facts}

@@ -7,7 +7,7 @@ of issue 22 (``regis photos --source debian``: 135 scenes, 411 object photos, sp
 test), or the 21 photos bundled with scikit-image, scikit-learn and matplotlib (+ scikit-image's real stereo pair).
 
 The set is indexed with the default encoder, and ``regis.duplicates`` runs on it once with a low floor (0.30; each
-image keeps its 16 best pairs, as a shipped run does), keeping every candidate pair's evidence; thresholds are then
+image keeps its 6 best pairs, as a shipped run does), keeping every candidate pair's evidence; thresholds are then
 applied to that table:
 
 - ``--calibrate``: fit the thresholds on the calibration split (Debian train + val photos) by a grid search: the
@@ -54,9 +54,10 @@ from regis.duplicates.groups import group_pairs  # noqa: E402
 from regis.duplicates.store import PairTable  # noqa: E402
 
 RUN_FLOOR = 0.30  # the evaluation run keeps every pair above this; thresholds then filter
-# the run keeps each image's best `neighbours` pairs as a shipped run does (DuplicateConfig's default, 16; the
-# calibration does not vary it): its best pairs above RUN_FLOOR are its best above any higher floor. Until
-# 2026-11-29 (night) the run kept 32, so the figures counted candidate pairs a shipped run never has
+# the run keeps each image's best `neighbours` pairs as a shipped run does (DuplicateConfig's default, 6 since
+# 2026-11-30, 16 before; the calibration does not vary it): its best pairs above RUN_FLOOR are its best above any
+# higher floor. Until 2026-11-29 (night) the run kept 32, so the figures counted candidate pairs a shipped run never
+# has
 RUN_NEIGHBOURS = DuplicateConfig().neighbours
 LABELS = {"exact": 0, "edited": 1, "crop": 2, "scene": 3, "overlap": 4, "unrelated": 5, "ambiguous": 6}
 MAX_PRECISION_LOSS = 0.005  # calibration: edited-copy precision >= 1 - this ...

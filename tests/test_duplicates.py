@@ -385,10 +385,44 @@ def test_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
         dict(a=2, b=3, s_ab=0.6, s_ba=0.6),                                                   # already a pair
     ])
     # 3 with every member of 0's group: 0 (the sure pair itself), 1 (new) and 2 (a pair already, gated out or not)
-    assert finder.group_candidates(t, cfg).tolist() == [[0, 3], [1, 3], [2, 3]]
-    assert finder.group_candidates(t, cfg.with_overrides({"template_ncc": None})).tolist() == []  # no crops
+    assert finder.group_candidates(t, cfg, closed=False).tolist() == [[0, 3], [1, 3], [2, 3]]
+    no_crops = cfg.with_overrides({"template_ncc": None})
+    assert finder.group_candidates(t, no_crops, closed=False).tolist() == []
     alone = _table([dict(a=0, b=3, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box)])
     assert finder.group_candidates(alone, cfg).tolist() == [[0, 3]]  # a container with no copies: only itself
+    # closed: the group {0, 1, 2} also gets its own pairs, (0, 2) among them, never a candidate
+    assert finder.group_candidates(t, cfg).tolist() == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
+    assert finder.group_candidates(t, no_crops).tolist() == [[0, 1], [0, 2], [1, 2]]
+
+
+def test_closed_group_pairs_pair_every_member_of_a_small_group_only():
+    from regis.duplicates import finder
+
+    group = {0: [0, 1, 2], 1: [0, 1, 2], 2: [0, 1, 2], 3: [3], 4: [4, 5], 5: [4, 5]}
+    assert sorted(finder.closed_group_pairs(group)) == [(0, 1), (0, 2), (1, 2), (4, 5)]
+    assert sorted(finder.closed_group_pairs(group, max_size=2)) == [(4, 5)]  # a group of 3 is too large: none
+
+
+def test_sure_crops_of_one_photo_are_paired_with_each_other():
+    """3 and 5 lie in 0 (both sure), 0 and 1 are copies: 3 and 5 are two crops of one photo, and one may lie in the
+    other, so the pair (3, 5) is a candidate, though the join never paired them; 6 lies in 0 too but is not sure."""
+    from regis.duplicates import finder
+
+    cfg = DuplicateConfig(min_inliers=15, template_ncc=0.8, template_margin=0.05, template_max_area=0.85,
+                          edited_min_cover=0.8, edited_max_cover=0.95)
+    box = [0.1, 0.1, 0.5, 0.5]
+    t = _table([
+        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
+        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=40, cover_a=0.3, cover_b=1.0),             # 3 in 0: verified
+        dict(a=1, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 5 in 1: sure
+        dict(a=0, b=6, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.81, box=box),  # 6 in 0: not sure
+    ])
+    got = finder.group_candidates(t, cfg, closed=False).tolist()
+    assert got == [[0, 3], [0, 5], [1, 3], [1, 5], [3, 5]]
+    assert [3, 5] not in finder.group_candidates(t, cfg, closed=False, siblings=False).tolist()
+    group = {0: [0, 1], 1: [0, 1], 3: [3, 4], 4: [3, 4], 5: [5]}
+    assert finder.sibling_crop_pairs([{3, 4, 5}], group) == {(3, 5), (4, 5)}  # 3 and 4 are copies: not siblings
+    assert finder.sibling_crop_pairs([{3, 4, 5}], group, max_size=2) == set()
 
 
 def test_group_candidates_follow_containment_through_crops_of_crops():
@@ -408,14 +442,14 @@ def test_group_candidates_follow_containment_through_crops_of_crops():
     ])
     relation, container = rel.classify(t, cfg)
     assert relation[1:3].tolist() == [rel.CROP, rel.CROP] and container[1:3].tolist() == [0, 3]
-    got = finder.group_candidates(t, cfg).tolist()
+    got = finder.group_candidates(t, cfg, closed=False).tolist()
     assert got == [[0, 3], [0, 5], [1, 3], [1, 5], [3, 5]]
     cycle = _table([
         dict(a=0, b=1, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 1 in 0: sure
         dict(a=1, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 2 in 1: sure
         dict(a=0, b=2, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.99, ncc_ba=0.3, box=box),  # 0 in 2: sure (wrong)
     ])
-    assert finder.group_candidates(cycle, cfg).tolist() == [[0, 1], [0, 2], [1, 2]]
+    assert finder.group_candidates(cycle, cfg, closed=False).tolist() == [[0, 1], [0, 2], [1, 2]]
 
 
 def test_a_group_round_verifies_and_searches_the_pairs_the_token_gates_kept_out(monkeypatch):
@@ -445,10 +479,13 @@ def test_a_group_round_verifies_and_searches_the_pairs_the_token_gates_kept_out(
     monkeypatch.setattr(finder, "_exact", lambda pairs, records, resolve, config: None)
     records = {i: SimpleNamespace(width=300, height=200, metadata={}) for i in range(6)}
     new, marked, added = finder._group_round(None, t, records, None, cfg, cfg, 1, None)
-    assert t.by_group.tolist() == [0, 0, 1, 1, 0] and marked == 2  # the sure pair itself and (1, 5)
-    assert new.a.tolist() == [2] and new.b.tolist() == [5] and new.by_group.tolist() == [2] and added == 1
-    assert calls == [(5, [3], True), (1, None, True)]  # (1, 5) matched (then searched); the new pair (2, 5)
-    assert finder.to_verify(new, cfg).tolist() == [0]  # ... is verified though its tokens score 0.2
+    # marked: the group's own pairs (0, 1) and (1, 2), the sure pair itself and (1, 5)
+    assert t.by_group.tolist() == [1, 1, 1, 1, 0] and marked == 4
+    # new: the group's pair (0, 2), never a candidate, and the crop with the third copy, (2, 5)
+    assert list(zip(new.a.tolist(), new.b.tolist())) == [(0, 2), (2, 5)] and new.by_group.tolist() == [2, 2]
+    assert added == 2
+    assert calls == [(5, [3], True), (2, None, True)]  # (1, 5) matched (then searched); the new pairs
+    assert finder.to_verify(new, cfg).tolist() == [0, 1]  # ... are verified though their tokens score 0.2
     calls.clear()
     again = finder._group_round(None, finder.PairTable.concat([t, new]), records, None, cfg, cfg, 1, None)
     assert again[1:] == (0, 0) and calls == []  # every pair marked already: nothing again

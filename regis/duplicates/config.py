@@ -29,9 +29,9 @@ AT_LEAST_FIELDS = ("verify_ceiling",)
 # how the self-join scores a two-framing index's pairs (``regis.duplicates.selfjoin``): pairs stored by a run that
 # scored otherwise (before 2026-11-29: "centre", the centre crop's tokens on both sides) are searched again
 JOIN_SCORING = "centre-all"
-COPY_GROUPS = "containment"  # candidates added through duplicate groups (``finder.group_candidates``: until 2026-11-30
-# "crops", a sure crop with its container's copies only, inside the token gates); stored pairs made otherwise are
-# searched again
+COPY_GROUPS = "closed"  # candidates added through duplicate groups (``finder.group_candidates``: until 2026-11-30
+# "crops", a sure crop with its container's copies only, inside the token gates; then "containment", without the
+# pairs within each group and between the crops of one group); stored pairs made otherwise are searched again
 
 
 class DuplicateConfig(BaseModel):
@@ -96,7 +96,7 @@ class DuplicateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     floor: float = Field(0.45, ge=-1.0, le=1.0)
-    neighbours: int = Field(16, ge=1, le=1000)
+    neighbours: int = Field(6, ge=1, le=1000)
     depth: int | None = Field(None, ge=1, le=4096)
     verify: bool = True
     verify_floor: float | None = Field(None, ge=-1.0, le=1.0)

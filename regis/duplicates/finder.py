@@ -352,16 +352,36 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
             "match_ms": spent["match"] * 1e3, "locate_ms": spent["locate"] * 1e3}
 
 
-SURE_CROP_NCC = 0.98  # a crop pair is sure enough to pair its crop with every image containing its container when its
-# template peak reaches this (or it was verified geometrically). On the labelled set's calibration split (seed 1) every
-# value of 0.95-0.99 finds the same crops; below 0.98 some small crops of plain backgrounds, found in unrelated photos,
-# are paired with those photos' copies and called their crops (0.95: 75 more false crops, precision 0.873 -> 0.855;
-# python -m bench.duplicates_group_variants, docs/results/duplicates/group-variants-seed1.json)
+SURE_CROP_NCC = 0.85  # a crop pair is sure enough to pair its crop with every image containing its container when its
+# template peak reaches this (or it was verified geometrically). Chosen on the labelled set's calibration split (seed
+# 0) as the other thresholds: the highest crop precision within 0.002 of the best crop direction (0.80-0.98 tried,
+# python -m bench.duplicates_group_variants, docs/results/duplicates/group-variants-seed0.json). Lower values pair
+# more small crops of plain backgrounds, found in unrelated photos, with those photos' copies (false crops).
+MAX_CLOSED_GROUP = 16  # images: the largest duplicate group whose pairs are all verified (``closed_group_pairs``)
 GROUP_ROUNDS = 3  # rounds of ``group_candidates``: a round's verified pairs can make crops sure for the next
 
 
-def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = True) -> np.ndarray:
-    """The pairs that link a sure crop to every image that contains it through the duplicate groups.
+def closed_group_pairs(group: dict[int, list[int]], max_size: int = MAX_CLOSED_GROUP) -> set[tuple[int, int]]:
+    """Every pair of members of each duplicate group of at most ``max_size`` images: copies of one photo are
+    copies of each other, but the self-join pairs an image only with its ``neighbours`` best candidates.
+
+    Args:
+        group: image id -> its group's members (``groups.copy_groups``).
+
+    Returns:
+        {(a, b)} with a < b (groups of one image give none; larger groups than ``max_size`` none: a chain of
+        false edges must not cost a number of verifications quadratic in its length).
+    """
+    out: set[tuple[int, int]] = set()
+    for members in {tuple(m) for m in group.values() if 1 < len(m) <= max_size}:
+        out.update((a, b) for i, a in enumerate(members) for b in members[i + 1:])
+    return out
+
+
+def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = True,
+                     closed: bool = True, siblings: bool = True) -> np.ndarray:
+    """The pairs that link a sure crop to every image that contains it through the duplicate groups, and the
+    pairs within each small duplicate group.
 
     For every crop pair of ``pairs`` (relations under ``config``) that is sure (its template peak >=
     ``SURE_CROP_NCC`` in either direction, or at least ``min_inliers`` inliers), its crop is paired with every
@@ -371,8 +391,15 @@ def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = Tr
     ``neighbours`` best pairs, and a small crop's tokens can rank unrelated photos above its containers (or score
     them below the token gates).
 
+    Within a duplicate group (``closed``), every pair of members not yet verified is verified too
+    (``closed_group_pairs``), so that each copy is reported as a copy of every other, not only of those among its
+    ``neighbours`` best candidates; and so is every pair of sure crops of one group (``siblings``): one may lie
+    in the other.
+
     Args:
         chain: follow containment through crops of crops (False: the copies of each direct container only).
+        closed: add the pairs within each duplicate group of at most ``MAX_CLOSED_GROUP`` images.
+        siblings: add the pairs of sure crops of one group (``sibling_crop_pairs``).
 
     Returns:
         (k, 2) int64 (a, b) with a < b, sorted: pairs already in ``pairs`` (the sure ones among them) and new ones.
@@ -382,15 +409,14 @@ def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = Tr
     relation, container = rel.classify(pairs, config)
     sure = (relation == rel.CROP) & ((np.maximum(pairs.ncc_ab, pairs.ncc_ba) >= SURE_CROP_NCC)
                                      | (pairs.inliers >= config.min_inliers))
-    if not sure.any():
-        return np.zeros((0, 2), np.int64)
     group = copy_groups(pairs, relation)
+    out = closed_group_pairs(group) if closed else set()
     inside: dict[int, set[int]] = {}  # a sure crop -> the images it was found in
     for r in np.flatnonzero(sure).tolist():
         outer = int(container[r])
         inner = int(pairs.b[r]) if outer == int(pairs.a[r]) else int(pairs.a[r])
         inside.setdefault(inner, set()).add(outer)
-    out = set()
+    crops_of: dict[tuple[int, ...], set[int]] = {}  # a group -> the sure crops that lie in it
     for inner, direct in inside.items():
         reached, todo = set(), list(direct)
         while todo:  # the containers' groups, and the containers of their members, transitively
@@ -399,7 +425,32 @@ def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = Tr
                     reached.add(q)
                     todo.extend(inside.get(q, ()) if chain else ())
         out.update((min(inner, q), max(inner, q)) for q in reached if q not in group[inner])
+        for q in reached:
+            crops_of.setdefault(tuple(group[q]), set()).add(inner)
+    if siblings:
+        out.update(sibling_crop_pairs(crops_of.values(), group))
     return np.array(sorted(out), np.int64).reshape(-1, 2)
+
+
+def sibling_crop_pairs(crop_sets, group: dict[int, list[int]], max_size: int = MAX_CLOSED_GROUP) -> set[tuple[int, int]]:
+    """Every pair of sure crops of one photo (of one duplicate group) that are not copies of each other: a
+    smaller crop often lies inside a larger one, and two crops of one photo rank each other below the photo's
+    copies among their candidates.
+
+    Args:
+        crop_sets: for each group, the sure crops that lie in it (sets of image ids).
+        group: image id -> its group's members (``groups.copy_groups``).
+
+    Returns:
+        {(a, b)} with a < b (none from a set larger than ``max_size``).
+    """
+    out: set[tuple[int, int]] = set()
+    for crops in crop_sets:
+        if len(crops) > max_size:
+            continue
+        ordered = sorted(crops)
+        out.update((a, b) for i, a in enumerate(ordered) for b in ordered[i + 1:] if b not in group.get(a, (a,)))
+    return out
 
 
 def _group_round(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver,
