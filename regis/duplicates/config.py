@@ -39,7 +39,8 @@ class DuplicateConfig(BaseModel):
 
     Candidate stage (the self-join):
         floor: a pair is a candidate when its MaxSim per token, in either direction, is at least this.
-        neighbours: at most this many candidates per image (the best), before verification.
+        neighbours: at most this many candidates per image (the best), before verification; the group stage
+            (``finder.group_candidates``) adds the pairs the duplicate groups imply.
         depth: FAISS neighbours per query token (None: the index's default candidate depth).
 
     Verification (``regis.duplicates.geometry``):

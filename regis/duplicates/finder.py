@@ -16,9 +16,10 @@ incremental from the pairs stored with an earlier version.
    those it does not verify (fewer than ``min_inliers`` inliers) get the template search
    (``regis.duplicates.template``) from the same cached images; stored pairs that never had it (a file written
    before it existed) get it on the next run;
-5. candidates through the duplicate groups (``group_candidates``): a crop found with confidence in one image is
-   paired with every image that contains that one: its copies (exact and edited) and, through crops found with
-   confidence in turn, their containers and their copies. Pairs not yet candidates are scored from the stored
+5. candidates through the duplicate groups (``group_candidates``): every pair within a small duplicate group; a
+   crop found with confidence in one image paired with every image that contains that one: its copies (exact and
+   edited) and, through crops found with confidence in turn, their containers and their copies; and the crops found
+   with confidence in one group paired with each other. Pairs not yet candidates are scored from the stored
    tokens and checked as above; every such pair is verified and searched by template whatever its token scores
    (``PairTable.by_group``), and its evidence alone decides its relation; repeated while it finds more (at most
    ``GROUP_ROUNDS`` times);
