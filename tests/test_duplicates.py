@@ -482,8 +482,8 @@ def test_a_group_round_verifies_and_searches_the_pairs_the_token_gates_kept_out(
     # marked: the group's own pairs (0, 1) and (1, 2), the sure pair itself and (1, 5)
     assert t.by_group.tolist() == [1, 1, 1, 1, 0] and marked == 4
     # new: the group's pair (0, 2), never a candidate, and the crop with the third copy, (2, 5)
-    assert list(zip(new.a.tolist(), new.b.tolist())) == [(0, 2), (2, 5)] and new.by_group.tolist() == [2, 2]
-    assert added == 2
+    assert list(zip(new.a.tolist(), new.b.tolist(), strict=True)) == [(0, 2), (2, 5)]
+    assert new.by_group.tolist() == [2, 2] and added == 2
     assert calls == [(5, [3], True), (2, None, True)]  # (1, 5) matched (then searched); the new pairs
     assert finder.to_verify(new, cfg).tolist() == [0, 1]  # ... are verified though their tokens score 0.2
     calls.clear()

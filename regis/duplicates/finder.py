@@ -433,10 +433,10 @@ def group_candidates(pairs: PairTable, config: DuplicateConfig, chain: bool = Tr
     return np.array(sorted(out), np.int64).reshape(-1, 2)
 
 
-def sibling_crop_pairs(crop_sets, group: dict[int, list[int]], max_size: int = MAX_CLOSED_GROUP) -> set[tuple[int, int]]:
+def sibling_crop_pairs(crop_sets, group: dict[int, list[int]],
+                       max_size: int = MAX_CLOSED_GROUP) -> set[tuple[int, int]]:
     """Every pair of sure crops of one photo (of one duplicate group) that are not copies of each other: a
-    smaller crop often lies inside a larger one, and two crops of one photo rank each other below the photo's
-    copies among their candidates.
+    smaller crop often lies inside a larger one, and the self-join need not have paired them.
 
     Args:
         crop_sets: for each group, the sure crops that lie in it (sets of image ids).
