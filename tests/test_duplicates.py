@@ -371,6 +371,14 @@ def test_exif_facts_give_the_exposure_time_only_from_date_time_original():
     assert captured_at({"file": "not facts"}) is None
 
 
+_CROP_RULES = DuplicateConfig(min_inliers=15, template_ncc=0.8, template_margin=0.05, template_max_area=0.85,
+                              edited_min_cover=0.8, edited_max_cover=0.95)
+_COPIES_AND_A_VERIFIED_CROP = (
+    dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),  # 0 ~ 1: copies
+    dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=40, cover_a=0.3, cover_b=1.0),     # 3 in 0: verified
+)
+
+
 def test_group_candidates_pair_a_sure_crop_with_every_copy_of_its_container():
     from regis.duplicates import finder
 
@@ -408,12 +416,9 @@ def test_sure_crops_of_one_photo_are_paired_with_each_other():
     other, so the pair (3, 5) is a candidate, though the join never paired them; 6 lies in 0 too but is not sure."""
     from regis.duplicates import finder
 
-    cfg = DuplicateConfig(min_inliers=15, template_ncc=0.8, template_margin=0.05, template_max_area=0.85,
-                          edited_min_cover=0.8, edited_max_cover=0.95)
-    box = [0.1, 0.1, 0.5, 0.5]
+    cfg, box = _CROP_RULES, [0.1, 0.1, 0.5, 0.5]
     t = _table([
-        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
-        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=40, cover_a=0.3, cover_b=1.0),             # 3 in 0: verified
+        *_COPIES_AND_A_VERIFIED_CROP,                                                         # 0 ~ 1, 3 in 0
         dict(a=1, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 5 in 1: sure
         dict(a=0, b=6, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.81, box=box),  # 6 in 0: not sure
     ])
@@ -431,12 +436,9 @@ def test_group_candidates_follow_containment_through_crops_of_crops():
     (two wrong sure crops) ends."""
     from regis.duplicates import finder
 
-    cfg = DuplicateConfig(min_inliers=15, template_ncc=0.8, template_margin=0.05, template_max_area=0.85,
-                          edited_min_cover=0.8, edited_max_cover=0.95)
-    box = [0.1, 0.1, 0.5, 0.5]
+    cfg, box = _CROP_RULES, [0.1, 0.1, 0.5, 0.5]
     t = _table([
-        dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=100, cover_a=0.99, cover_b=0.97),          # 0 ~ 1: copies
-        dict(a=0, b=3, s_ab=0.6, s_ba=0.6, inliers=40, cover_a=0.3, cover_b=1.0),             # 3 in 0: verified
+        *_COPIES_AND_A_VERIFIED_CROP,                                                         # 0 ~ 1, 3 in 0
         dict(a=3, b=5, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.99, box=box),  # 5 in 3: sure
         dict(a=5, b=6, s_ab=0.6, s_ba=0.6, located=True, ncc_ab=0.3, ncc_ba=0.83, box=box),  # 6 in 5: not sure
     ])

@@ -356,8 +356,8 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
 SURE_CROP_NCC = 0.85  # a crop pair is sure enough to pair its crop with every image containing its container when its
 # template peak reaches this (or it was verified geometrically). Chosen on the labelled set's calibration split (seed
 # 0) as the other thresholds: the highest crop precision within 0.002 of the best crop direction (0.80-0.98 tried,
-# python -m bench.duplicates_group_variants, docs/results/duplicates/group-variants-seed0.json). Lower values pair
-# more small crops of plain backgrounds, found in unrelated photos, with those photos' copies (false crops).
+# python -m bench.duplicates_group_variants, docs/results/duplicates/group-variants-closed-seed0.json). Lower values
+# pair more small crops of plain backgrounds, found in unrelated photos, with those photos' copies (false crops).
 MAX_CLOSED_GROUP = 16  # images: the largest duplicate group whose pairs are all verified (``closed_group_pairs``)
 GROUP_ROUNDS = 3  # rounds of ``group_candidates``: a round's verified pairs can make crops sure for the next
 
