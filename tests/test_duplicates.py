@@ -475,10 +475,11 @@ def test_a_group_round_verifies_and_searches_the_pairs_the_token_gates_kept_out(
     ])
     calls = []
     monkeypatch.setattr(finder, "_verify", lambda pairs, records, resolve, config, workers, progress, rows_all=None,
-                        match=True: calls.append((len(pairs), None if rows_all is None else rows_all.tolist(), match)))
+                        match=True, feats=None: calls.append((len(pairs), None if rows_all is None
+                                                              else rows_all.tolist(), match)))
     monkeypatch.setattr(finder, "score_pairs", lambda snap, a, b: (np.full(len(a), 0.2, np.float32),
                                                                     np.full(len(a), 0.2, np.float32)))
-    monkeypatch.setattr(finder, "_exact", lambda pairs, records, resolve, config: None)
+    monkeypatch.setattr(finder, "_exact", lambda pairs, records, resolve, config, workers=1: None)
     records = {i: SimpleNamespace(width=300, height=200, metadata={}) for i in range(6)}
     new, marked, added = finder._group_round(None, t, records, None, cfg, cfg, 1, None)
     # marked: the group's own pairs (0, 1) and (1, 2), the sure pair itself and (1, 5)
@@ -556,6 +557,10 @@ def test_a_crop_found_in_one_copy_becomes_a_candidate_of_the_others(dup_index, t
         saved = finder.store.latest(index, snap.version).table
         assert saved.by_group.dtype == np.int8 and (saved.by_group == t.by_group).all()
         assert run.stored.settings["group_candidates"]["rounds"] >= 1
+        described = np.unique(np.concatenate([t.a[t.files], t.b[t.files]]))  # images whose features were used
+        computed = (run.stored.settings["verification"]["features_computed"],
+                    run.stored.settings["group_candidates"]["features_computed"])
+        assert sum(computed) == len(described)  # each described once: the group stage reuses the run's features
         r = rows[(min(cat, edited), max(cat, edited))]
         assert relation[r] == finder.rel.EDITED
         s_ab, s_ba = score_pairs(snap, t.a, t.b)  # every row's scores are the join's scoring of its tokens
@@ -671,6 +676,52 @@ def _relation_of_shots(photos_dir, name: str, shift: float) -> str:
     assert v is not None and v.inliers >= 100  # the shots match: the question is what they are called
     t = _table([dict(a=0, b=1, s_ab=0.9, s_ba=0.9, inliers=v.inliers, cover_a=v.cover_a, cover_b=v.cover_b)])
     return rel.NAMES.get(int(rel.classify(t, shipped_calibration(DEFAULT_BACKBONE))[0][0]), "none")
+
+
+def test_exact_copies_are_the_same_bytes_or_the_same_decoded_pixels(photos_dir, tmp_path):
+    """A byte copy (same SHA-256) and a PNG re-saved with other compression (other bytes, same pixels) are exact
+    copies; a JPEG of the same size is not (its pixels differ), nor are the same pixels whose tokens disagree
+    (never decoded: ``exact_tokens``). The pixel comparisons run on two threads."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from regis.duplicates import finder
+
+    photo = Image.open(photos_dir / "skimage-chelsea.png").convert("RGB")
+    files = [tmp_path / "a.png", tmp_path / "b.png", tmp_path / "c.png", tmp_path / "d.jpg"]
+    photo.save(files[0], compress_level=9)
+    shutil.copy(files[0], files[1])
+    photo.save(files[2], compress_level=1)
+    photo.save(files[3], quality=95)
+    records = {i: SimpleNamespace(sha256=hashlib.sha256(f.read_bytes()).hexdigest(), width=photo.width,
+                                  height=photo.height, path=f) for i, f in enumerate(files)}
+    assert records[0].sha256 == records[1].sha256 != records[2].sha256
+    t = _table([dict(a=0, b=1, s_ab=0.5, s_ba=0.5),     # the same bytes: whatever the tokens say
+                dict(a=0, b=2, s_ab=0.99, s_ba=0.99),   # the same pixels, other bytes
+                dict(a=0, b=3, s_ab=0.99, s_ba=0.99),   # a JPEG: other pixels
+                dict(a=1, b=2, s_ab=0.99, s_ba=0.9)])   # the same pixels, tokens below exact_tokens one way
+    finder._exact(t, records, lambda rec: rec.path, DuplicateConfig(exact_tokens=0.97), workers=2)
+    assert t.exact.tolist() == [True, True, False, False]
+
+
+def test_local_features_are_orbs_keypoints_strongest_first(photos_dir):
+    """ORB's keypoints of the 640-px grey copy, reordered by FAST response (strongest first, ties in ORB's order),
+    their positions normalised by the copy's size; a flat image has none."""
+    import cv2
+
+    from regis.duplicates.geometry import load_gray, local_features
+
+    gray = load_gray(photos_dir / "skimage-chelsea.png")
+    feats = local_features(gray)
+    orb = cv2.ORB_create(nfeatures=2000, scaleFactor=1.2, nlevels=8, fastThreshold=10)
+    keypoints, descriptors = orb.detectAndCompute(np.asarray(gray), None)
+    order = sorted(range(len(keypoints)), key=lambda i: -keypoints[i].response)  # sorted() is stable
+    assert gray.size == feats.size and max(gray.size) == 640 and len(order) > 500
+    assert np.array_equal(feats.descriptors, descriptors[order])
+    expected = np.array([keypoints[i].pt for i in order], np.float32) / np.array(gray.size, np.float32)
+    assert feats.points.dtype == np.float32 and np.array_equal(feats.points, expected)
+    flat = local_features(Image.new("L", (320, 240), 128))
+    assert flat.points.shape == (0, 2) and flat.descriptors.shape == (0, 32) and flat.thumb.shape == (120, 160)
 
 
 def test_verify_pair_uses_the_matcher_it_is_given(photos_dir):

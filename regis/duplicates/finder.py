@@ -161,16 +161,24 @@ def _same_pixels(pa: Path | None, pb: Path | None) -> bool:
         return False
 
 
-def _exact(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig) -> None:
+def _exact(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig,
+           workers: int = 1) -> None:
     """Mark the exact copies among ``pairs`` in place: the same SHA-256, or the same pixels (decoded when their
-    sizes match and their tokens agree to ``exact_tokens`` both ways)."""
+    sizes match and their tokens agree to ``exact_tokens`` both ways; the pairs compared on ``workers`` threads)."""
+    todo: list[tuple[int, Path | None, Path | None]] = []
     for k in range(len(pairs)):
         ra, rb = records[int(pairs.a[k])], records[int(pairs.b[k])]
         if ra.sha256 == rb.sha256:
             pairs.exact[k] = True
         elif ((ra.width, ra.height) == (rb.width, rb.height)
               and min(pairs.s_ab[k], pairs.s_ba[k]) >= config.exact_tokens):
-            pairs.exact[k] = _same_pixels(resolve(ra), resolve(rb))
+            todo.append((k, resolve(ra), resolve(rb)))
+    if not todo:
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # decoding releases the GIL
+        same = list(pool.map(lambda job: _same_pixels(job[1], job[2]), todo))
+    for (k, _, _), equal in zip(todo, same, strict=True):
+        pairs.exact[k] = equal
 
 
 class _Features:
@@ -295,16 +303,19 @@ def to_locate(pairs: PairTable, config: DuplicateConfig, records: dict[int, Imag
 
 def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver, config: DuplicateConfig,
             workers: int, progress: Progress | None, rows_all: np.ndarray | None = None,
-            match: bool = True) -> dict:
+            match: bool = True, feats: _Features | None = None) -> dict:
     """Verify ``rows_all`` (default: the rows ``to_verify`` selects) geometrically, in place
     (``regis.duplicates.geometry.verify_pair``; ``match`` False: only the template search, of every row given),
     and search the ones it leaves unverified by template (``config.template``); returns counts and wall times:
-    {"pairs_verified", "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}."""
+    {"pairs_verified", "pairs_located", "features_computed", "images", "features_ms", "match_ms", "locate_ms"}
+    (features: those this call computed). ``feats``: the run's feature cache, shared by its calls so that an
+    image verified again by the group stage is not decoded and described again (None: a cache of this call's)."""
     rows_all = to_verify(pairs, config) if rows_all is None else rows_all
     order = rows_all[locality_order(pairs.a[rows_all], pairs.b[rows_all])]
     sized = template_sized(pairs, records, config) & template_gated(pairs, config)
     bar = refine_bar(config)
-    feats = _Features(records, resolve, config)
+    feats = feats if feats is not None else _Features(records, resolve, config)
+    computed0, seconds0 = feats.computed, feats.seconds
     spent = {"match": 0.0, "locate": 0.0}
     located = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -349,7 +360,8 @@ def _verify(pairs: PairTable, records: dict[int, ImageRecord], resolve: FileReso
                 progress("verify", min(start + VERIFY_CHUNK, len(order)), len(order))
     images = len(np.unique(np.concatenate([pairs.a[rows_all], pairs.b[rows_all]]))) if len(rows_all) else 0
     return {"pairs_verified": int(len(rows_all)) if match else 0, "pairs_located": located,
-            "features_computed": feats.computed, "images": images, "features_ms": feats.seconds * 1e3,
+            "features_computed": feats.computed - computed0, "images": images,
+            "features_ms": (feats.seconds - seconds0) * 1e3,
             "match_ms": spent["match"] * 1e3, "locate_ms": spent["locate"] * 1e3}
 
 
@@ -456,11 +468,12 @@ def sibling_crop_pairs(crop_sets, group: dict[int, list[int]],
 
 def _group_round(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver,
                  config: DuplicateConfig, decide: DuplicateConfig, workers: int,
-                 progress: Progress | None) -> tuple[PairTable, int, int]:
+                 progress: Progress | None, feats: _Features | None = None) -> tuple[PairTable, int, int]:
     """One round of ``group_candidates`` of ``pairs`` (decided under ``decide``): the rows it names are marked
     ``by_group`` in place and verified or searched where the token gates had kept them out (under ``config``);
     the pairs not in ``pairs`` yet are scored from the stored tokens as the self-join scores its candidates,
-    checked for exact copies and verified. Returns (the new pairs, rows marked, new pairs)."""
+    checked for exact copies and verified (``feats``: the run's feature cache, ``_verify``). Returns (the new
+    pairs, rows marked, new pairs)."""
     found = group_candidates(pairs, decide)
     at = {(int(a), int(b)): r for r, (a, b) in enumerate(zip(pairs.a.tolist(), pairs.b.tolist(), strict=True))}
     rows = np.array([at.get((int(a), int(b)), -1) for a, b in found], np.int64)
@@ -470,36 +483,40 @@ def _group_round(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, I
     if config.verify and len(marked):
         unmatched = np.intersect1d(to_verify(pairs, config), marked[~pairs.files[marked]])
         if len(unmatched):  # kept out by verify_floor: matched in full, then searched
-            _verify(pairs, records, resolve, config, workers, progress, unmatched)
+            _verify(pairs, records, resolve, config, workers, progress, unmatched, feats=feats)
         unsearched = np.intersect1d(to_locate(pairs, config, records), marked)
         if len(unsearched):  # matched, but kept out of the template search by template_floor
-            _verify(pairs, records, resolve, config, workers, progress, unsearched, match=False)
+            _verify(pairs, records, resolve, config, workers, progress, unsearched, match=False, feats=feats)
     found = found[rows < 0]
     new = PairTable.empty(len(found))
     if len(found) == 0:
         return new, len(marked), 0
     new.a, new.b, new.by_group[:] = found[:, 0], found[:, 1], 2
     new.s_ab, new.s_ba = score_pairs(snapshot, new.a, new.b)
-    _exact(new, records, resolve, config)
+    _exact(new, records, resolve, config, workers)
     mark_shots(new, records)
     if config.verify:
-        _verify(new, records, resolve, config, workers, progress)
+        _verify(new, records, resolve, config, workers, progress, feats=feats)
     return new, len(marked), len(new)
 
 
 def _group_pairs(snapshot: IndexSnapshot, pairs: PairTable, records: dict[int, ImageRecord], resolve: FileResolver,
                  config: DuplicateConfig, decide: DuplicateConfig, workers: int,
-                 progress: Progress | None) -> tuple[PairTable, dict]:
+                 progress: Progress | None, feats: _Features | None = None) -> tuple[PairTable, dict]:
     """``pairs`` with the rounds of ``_group_round`` applied (at most ``GROUP_ROUNDS``, until one finds nothing);
-    returns the table and {"rounds", "marked", "added"}."""
+    returns the table and {"rounds", "marked", "added", "features_computed"} (``feats``: the run's feature
+    cache; None: one for these rounds)."""
+    feats = feats if feats is not None else _Features(records, resolve, config)
+    computed0 = feats.computed
     facts = {"rounds": 0, "marked": 0, "added": 0}
     for _ in range(GROUP_ROUNDS):
-        new, marked, added = _group_round(snapshot, pairs, records, resolve, config, decide, workers, progress)
+        new, marked, added = _group_round(snapshot, pairs, records, resolve, config, decide, workers, progress,
+                                          feats)
         if marked == 0 and added == 0:
             break
         pairs = PairTable.concat([pairs, new])
         facts = {"rounds": facts["rounds"] + 1, "marked": facts["marked"] + marked, "added": facts["added"] + added}
-    return pairs, facts
+    return pairs, {**facts, "features_computed": feats.computed - computed0}
 
 
 def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: FileResolver | None = None,
@@ -552,9 +569,10 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
             query = ids[~kept]
         else:
             old, query = PairTable.empty(), ids
+        feats = _Features(records, resolve, config)  # one cache for the run: verification and the group stage
         missing = to_locate(old, config, records)
         if len(missing):  # kept pairs stored before the template search
-            _verify(old, records, resolve, config, workers, progress, missing, match=False)
+            _verify(old, records, resolve, config, workers, progress, missing, match=False, feats=feats)
         t1 = time.perf_counter()
         join_stats: dict = {}
         cand = self_join(snapshot, query, floor=config.floor, neighbours=config.neighbours, depth=config.depth,
@@ -563,14 +581,14 @@ def update_pairs(snapshot: IndexSnapshot, config: DuplicateConfig, resolve: File
         new = PairTable.empty(len(cand))
         new.a, new.b, new.s_ab, new.s_ba = cand.a, cand.b, cand.s_ab, cand.s_ba
         t2 = time.perf_counter()
-        _exact(new, records, resolve, config)
+        _exact(new, records, resolve, config, workers)
         t3 = time.perf_counter()
-        verified = _verify(new, records, resolve, config, workers, progress) if config.verify else None
+        verified = _verify(new, records, resolve, config, workers, progress, feats=feats) if config.verify else None
         t4 = time.perf_counter()
         table = PairTable.concat([old, new])
         mark_shots(table, records)  # the kept pairs too: their images' metadata may have changed since
         table, grouped = _group_pairs(snapshot, table, records, resolve, config, groups_by or config, workers,
-                                      progress)
+                                      progress, feats)
         t5 = time.perf_counter()
         timings = {"join": (t2 - t1) * 1e3, "exact": (t3 - t2) * 1e3, "verify": (t4 - t3) * 1e3,
                    "copy_groups": (t5 - t4) * 1e3, "total": (time.perf_counter() - t0) * 1e3}

@@ -131,14 +131,13 @@ def local_features(source, max_side: int = DEFAULT_MAX_SIDE, n_features: int = D
     arr = np.asarray(img.convert("L"))
     orb = cv2.ORB_create(nfeatures=int(n_features), scaleFactor=1.2, nlevels=8, fastThreshold=10)
     keypoints, descriptors = orb.detectAndCompute(arr, None)
-    order = np.argsort([-k.response for k in keypoints], kind="stable")
-    keypoints = [keypoints[i] for i in order]
-    descriptors = descriptors[order] if descriptors is not None else None
     w, h = img.size
-    points = np.array([k.pt for k in keypoints], dtype=np.float32).reshape(-1, 2) / np.array([w, h], np.float32)
-    if descriptors is None:
-        descriptors = np.zeros((0, 32), dtype=np.uint8)
-    return LocalFeatures(points, descriptors, (w, h), thumbnail(img))
+    if descriptors is None or not keypoints:
+        return LocalFeatures(np.zeros((0, 2), np.float32), np.zeros((0, 32), np.uint8), (w, h), thumbnail(img))
+    response = np.fromiter((k.response for k in keypoints), np.float64, len(keypoints))
+    order = np.argsort(-response, kind="stable")
+    points = cv2.KeyPoint_convert(keypoints).reshape(-1, 2)[order] / np.array([w, h], np.float32)
+    return LocalFeatures(points.astype(np.float32), descriptors[order], (w, h), thumbnail(img))
 
 
 def _frame(size: tuple[int, int]) -> np.ndarray:
