@@ -178,7 +178,7 @@ def measured_run_with_files(index: Path, work: Path, config) -> dict:
         snap.close()
     v = run.stored.settings.get("verification") or {}
     t = run.stored.table
-    grouped = (t.by_group > 0) & t.files
+    grouped = (t.by_group == 2) & t.files  # the pairs the group stage added: it verified every one of them
     group_images = int(len(np.unique(np.concatenate([t.a[grouped], t.b[grouped]])))) if grouped.any() else 0
     return {"index": str(index), "images": int(len(run.stored.searched)), "candidate_pairs": len(t),
             "timings_ms": run.timings_ms, "wall_s": wall, "cpu_s": cpu, "verification": v,
@@ -254,8 +254,8 @@ def dense_bound(est: dict, measured: dict, target: int) -> dict:
     """``est`` plus what a collection as dense in copies and crops as the labelled set (every photo with 9 copies
     and crops) would add that the generated one cannot show: the exact check's pixel comparisons and the group
     stage, at the run with real files' wall seconds per image, plus a feature extraction for every image of the
-    group stage's pairs (at ``target`` images the run's bounded feature cache no longer holds them from the first
-    verification: the labelled set's 2,592 fit in it)."""
+    pairs the group stage added (``group_images``: at ``target`` images the run's bounded feature cache would no
+    longer hold them from the first verification; the labelled set's 2,592 images fit in it)."""
     scale = target / measured["images"]
     t = measured["timings_ms"]
     exact_s, group_s = t["exact"] / 1e3 * scale, t["copy_groups"] / 1e3 * scale
