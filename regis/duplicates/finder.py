@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -386,8 +387,8 @@ def closed_group_pairs(group: dict[int, list[int]], max_size: int = MAX_CLOSED_G
         false edges must not cost a number of verifications quadratic in its length).
     """
     out: set[tuple[int, int]] = set()
-    for members in {tuple(m) for m in group.values() if 1 < len(m) <= max_size}:
-        out.update((a, b) for i, a in enumerate(members) for b in members[i + 1:])
+    for members in {tuple(m) for m in group.values() if 1 < len(m) <= max_size}:  # members ascending
+        out.update(combinations(members, 2))
     return out
 
 
@@ -461,8 +462,7 @@ def sibling_crop_pairs(crop_sets, group: dict[int, list[int]],
     for crops in crop_sets:
         if len(crops) > max_size:
             continue
-        ordered = sorted(crops)
-        out.update((a, b) for i, a in enumerate(ordered) for b in ordered[i + 1:] if b not in group.get(a, (a,)))
+        out.update((a, b) for a, b in combinations(sorted(crops), 2) if b not in group.get(a, (a,)))
     return out
 
 
